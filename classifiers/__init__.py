@@ -1,0 +1,1 @@
+"""Classifiers used by filters (prompt-injection model runtime lives here)."""

@@ -1,0 +1,227 @@
+"""Triton / KServe v2 HTTP: path parsing, request validation and answer extraction.
+
+Handles the binary tensor extension (`Inference-Header-Content-Length`), which `tritonclient`
+uses by default, and Triton's quirks: `generate_stream` sends no `[DONE]`, errors can arrive
+with status 200 as `{"error": ...}`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from filters._protocols import Answer, Prompt, ProtocolError, Segment, bad, check_text, strict_json
+from filters._sse import SSEParser
+from gateway.errors import ErrorCode
+from gateway.registry import Protocol
+
+SERVER = "server_metadata"
+HEALTH = "health"
+MODEL_METADATA = "model_metadata"
+MODEL_READY = "model_ready"
+MODEL_CONFIG = "model_config"
+INFER = "infer"
+GENERATE = "generate"
+GENERATE_STREAM = "generate_stream"
+
+_POST_OPS = frozenset({INFER, GENERATE, GENERATE_STREAM})
+_MODEL_SUFFIX = {"": MODEL_METADATA, "ready": MODEL_READY, "config": MODEL_CONFIG,
+                 "infer": INFER, "generate": GENERATE, "generate_stream": GENERATE_STREAM}
+# Administrative Triton APIs are never exposed through the gateway.
+_FORBIDDEN_PREFIXES = ("/v2/repository", "/v2/systemsharedmemory", "/v2/cudasharedmemory",
+                       "/v2/logging", "/v2/trace")
+HEADER_LENGTH = "inference-header-content-length"
+
+
+@dataclass(frozen=True, slots=True)
+class KPath:
+    """A parsed KServe v2 path."""
+
+    op: str
+    model_ref: str | None = None
+
+
+def parse_path(method: str, path: str) -> KPath:
+    """Classify a /v2 path; ProtocolError for unknown, forbidden or wrong-method calls."""
+    if path.startswith(_FORBIDDEN_PREFIXES):
+        raise bad("this API is not available through the gateway", ErrorCode.FORBIDDEN_PATH, 403)
+    parts = path.split("/")[1:]
+    kp: KPath | None = None
+    if parts == ["v2"]:
+        kp = KPath(SERVER)
+    elif parts in (["v2", "health", "live"], ["v2", "health", "ready"]):
+        kp = KPath(HEALTH)
+    elif len(parts) >= 3 and parts[:2] == ["v2", "models"] and parts[2]:
+        name = unquote(parts[2])
+        rest = parts[3:]
+        if len(rest) >= 2 and rest[0] == "versions" and rest[1]:
+            if "@" in name:
+                raise bad("give the version either as name@version or as /versions/, not both")
+            name = f"{name}@{unquote(rest[1])}"
+            rest = rest[2:]
+        suffix = "/".join(rest)
+        if suffix in _MODEL_SUFFIX:
+            kp = KPath(_MODEL_SUFFIX[suffix], name)
+    if kp is None:
+        raise bad("unknown path", ErrorCode.UNKNOWN_PATH, 404)
+    want = "POST" if kp.op in _POST_OPS else "GET"
+    if method != want:
+        raise bad(f"{path} takes {want}", ErrorCode.METHOD_NOT_ALLOWED, 405)
+    return kp
+
+
+def upstream_path(kp: KPath, model: str, version: str | None) -> str:
+    """The path to send upstream for a model call, with the registry's name and version."""
+    base = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+    suffix = {MODEL_METADATA: "", MODEL_READY: "/ready", MODEL_CONFIG: "/config", INFER: "/infer",
+              GENERATE: "/generate", GENERATE_STREAM: "/generate_stream"}[kp.op]
+    return base + suffix
+
+
+def split_binary(body: bytes, header_length: str | None, what: str) -> tuple[bytes, bytes]:
+    """Split a body into its JSON part and the binary tensor data after it."""
+    if header_length is None:
+        return body, b""
+    try:
+        n = int(header_length)
+    except ValueError:
+        raise bad(f"{HEADER_LENGTH} must be an integer") from None
+    if n < 0 or n > len(body):
+        raise bad(f"{HEADER_LENGTH} is larger than the {what}")
+    return body[:n], body[n:]
+
+
+def decode_bytes_tensor(raw: bytes, where: str) -> list[str]:
+    """Decode a BYTES tensor in the binary extension: repeated (uint32 LE length, bytes)."""
+    out: list[str] = []
+    pos = 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise bad(f"{where}: truncated BYTES element")
+        (n,) = struct.unpack_from("<I", raw, pos)
+        pos += 4
+        if pos + n > len(raw):
+            raise bad(f"{where}: truncated BYTES element")
+        try:
+            out.append(raw[pos : pos + n].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ProtocolError(400, ErrorCode.INVALID_ENCODING, f"{where} is not valid UTF-8") from None
+        pos += n
+    return out
+
+
+def _flatten_strings(data: Any, where: str) -> list[str]:
+    if isinstance(data, str):
+        return [check_text(data, where)]
+    if isinstance(data, list):
+        out: list[str] = []
+        for item in data:
+            out += _flatten_strings(item, where)
+        return out
+    raise bad(f"{where}: BYTES data must be strings")
+
+
+def _tensors(entries: Any, binary: bytes, where: str, *, strict: bool) -> tuple[list[tuple[str, list[str]]], int]:
+    """(name, strings) for each BYTES tensor, and how many binary bytes were consumed."""
+    if not isinstance(entries, list):
+        raise bad(f"'{where}' must be an array")
+    out: list[tuple[str, list[str]]] = []
+    pos = 0
+    for i, t in enumerate(entries):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise bad(f"{where}[{i}] must be an object with a string 'name'")
+        if t.get("datatype") != "BYTES":
+            if strict:
+                # Non-text tensors (token ids, embeddings) cannot be checked: refuse them.
+                raise bad(f"{where}[{i}]: only BYTES (text) tensors are accepted", ErrorCode.UNSUPPORTED_CONTENT)
+            continue
+        params = t.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise bad(f"{where}[{i}].parameters must be an object")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or pos + size > len(binary):
+                raise bad(f"{where}[{i}]: binary_data_size does not match the body")
+            out.append((t["name"], decode_bytes_tensor(binary[pos : pos + size], f"{where}[{i}]")))
+            pos += size
+        else:
+            out.append((t["name"], _flatten_strings(t.get("data"), f"{where}[{i}].data")))
+    return out, pos
+
+
+def parse_request(kp: KPath, body: bytes, header_length: str | None) -> Prompt:
+    """Validate an infer/generate body and extract its text; ProtocolError if malformed."""
+    json_part, binary = split_binary(body, header_length, "request body")
+    doc = strict_json(json_part)
+    if not isinstance(doc, dict):
+        raise bad("request body must be a JSON object")
+    segments: list[Segment] = []
+    if kp.op == INFER:
+        tensors, used = _tensors(doc.get("inputs"), binary, "inputs", strict=True)
+        if not tensors:
+            raise bad("'inputs' must name at least one tensor")
+        if used != len(binary):
+            raise bad("binary data does not match the inputs' binary_data_size")
+        for name, strings in tensors:
+            segments += [Segment(f"input:{name}", s) for s in strings]
+    else:
+        if binary:
+            raise bad(f"{kp.op} takes a plain JSON body")
+        for key, value in doc.items():
+            if key in ("parameters", "id"):
+                continue
+            if isinstance(value, str | list):
+                segments += [Segment(f"input:{key}", s) for s in _flatten_strings(value, key)]
+            elif not isinstance(value, bool | int | float) and value is not None:
+                raise bad(f"'{key}' must be a string, number, boolean or array of strings")
+    return Prompt(Protocol.KSERVE_V2, kp.op, kp.model_ref, kp.op == GENERATE_STREAM, tuple(segments), doc)
+
+
+def _generate_fields(doc: Any, answer: Answer, index: int) -> None:
+    if not isinstance(doc, dict):
+        raise ProtocolError(502, ErrorCode.UPSTREAM_BAD_RESPONSE, "upstream answer is not a JSON object")
+    if "error" in doc:
+        answer.upstream_error = True
+        return
+    # Every string output is answer text; the model's name/version/id are metadata.
+    for key, value in doc.items():
+        if key in ("model_name", "model_version", "id", "parameters"):
+            continue
+        if isinstance(value, str):
+            answer.add(index, value)
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            answer.add(index, "".join(value))
+
+
+def answer_from_body(op: str, body: bytes, header_length: str | None, answer: Answer) -> None:
+    """Fill `answer` from a whole infer/generate response body."""
+    if op == INFER:
+        json_part, binary = split_binary(body, header_length, "upstream answer")
+        doc = strict_json(json_part, "upstream answer")
+        if isinstance(doc, dict) and "error" in doc:
+            answer.upstream_error = True
+            return
+        if not isinstance(doc, dict):
+            raise ProtocolError(502, ErrorCode.UPSTREAM_BAD_RESPONSE, "upstream answer is not a JSON object")
+        try:
+            tensors, _ = _tensors(doc.get("outputs", []), binary, "outputs", strict=False)
+        except ProtocolError as exc:
+            raise ProtocolError(502, ErrorCode.UPSTREAM_BAD_RESPONSE, f"upstream answer: {exc.message}") from None
+        for i, (_, strings) in enumerate(tensors):
+            answer.add(i, "\n".join(strings))
+    elif op == GENERATE:
+        _generate_fields(strict_json(body, "upstream answer"), answer, 0)
+    answer.done = True
+
+
+def answer_from_sse(parser: SSEParser, chunk: bytes, end: bool, answer: Answer) -> None:
+    """Feed one `generate_stream` chunk; each event carries the next piece of the outputs."""
+    events = parser.feed(chunk)
+    if end:
+        events += parser.close()
+        answer.done = True
+    for ev in events:
+        answer.events += 1
+        _generate_fields(strict_json(ev.data.encode(), "upstream stream event"), answer, 0)

@@ -1,0 +1,187 @@
+"""OpenAI-compatible HTTP (as vLLM serves it): request validation and answer extraction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from filters._protocols import Answer, Prompt, ProtocolError, Segment, bad, check_text, strict_json
+from filters._sse import SSEParser
+from gateway.errors import ErrorCode
+from gateway.registry import Protocol
+
+CHAT = "chat"
+COMPLETION = "completion"
+MODELS = "models"
+MODEL = "model"
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def operation_for(method: str, path: str) -> str:
+    """The operation a method and path name, or a ProtocolError for anything else."""
+    if path == "/v1/chat/completions":
+        op = CHAT
+    elif path == "/v1/completions":
+        op = COMPLETION
+    elif path == "/v1/models":
+        op = MODELS
+    elif path.startswith("/v1/models/") and path.count("/") == 3:
+        op = MODEL
+    else:
+        raise bad("unknown path", ErrorCode.UNKNOWN_PATH, 404)
+    want = "POST" if op in (CHAT, COMPLETION) else "GET"
+    if method != want:
+        raise bad(f"{path} takes {want}", ErrorCode.METHOD_NOT_ALLOWED, 405)
+    return op
+
+
+def _text_of_content(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return check_text(content, where)
+    if isinstance(content, list):
+        texts: list[str] = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise bad(f"{where}[{i}] must be an object with a string 'type'")
+            if part["type"] != "text":
+                # Images, audio and files cannot be inspected here: refuse rather than forward unchecked.
+                raise bad(f"{where}[{i}]: content type {part['type']!r} is not supported",
+                          ErrorCode.UNSUPPORTED_CONTENT)
+            if not isinstance(part.get("text"), str):
+                raise bad(f"{where}[{i}].text must be a string")
+            texts.append(check_text(part["text"], where))
+        return "\n".join(texts)
+    raise bad(f"{where} must be a string, an array of content parts or null")
+
+
+def _chat_segments(doc: dict[str, Any]) -> list[Segment]:
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("'messages' must be a non-empty array")
+    segments: list[Segment] = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise bad(f"messages[{i}] must be an object")
+        role = msg.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise bad(f"messages[{i}].role must be one of {sorted(_ROLES)}")
+        text = _text_of_content(msg.get("content"), f"messages[{i}].content")
+        if text:
+            segments.append(Segment(role, text))
+        calls = msg.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise bad(f"messages[{i}].tool_calls must be an array")
+            for j, call in enumerate(calls):
+                fn = call.get("function") if isinstance(call, dict) else None
+                args = fn.get("arguments") if isinstance(fn, dict) else None
+                if not isinstance(args, str):
+                    raise bad(f"messages[{i}].tool_calls[{j}].function.arguments must be a string")
+                segments.append(Segment(role, check_text(args, "tool call arguments")))
+    tools = doc.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad("'tools' must be an array")
+        for j, tool in enumerate(tools):
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            desc = fn.get("description", "") if isinstance(fn, dict) else None
+            if not isinstance(desc, str):
+                raise bad(f"tools[{j}].function.description must be a string")
+            if desc:
+                segments.append(Segment("tool_spec", check_text(desc, "tool description")))
+    return segments
+
+
+def _completion_segments(doc: dict[str, Any]) -> list[Segment]:
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):
+        return [Segment("user", check_text(prompt, "prompt"))]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return [Segment("user", check_text(p, "prompt")) for p in prompt]
+    # Token-id prompts cannot be read by the checks that follow: refuse them.
+    raise bad("'prompt' must be a string or a non-empty array of strings")
+
+
+def parse_request(op: str, body: bytes) -> Prompt:
+    """Validate a chat/completion body and extract its text; ProtocolError if malformed."""
+    doc = strict_json(body)
+    if not isinstance(doc, dict):
+        raise bad("request body must be a JSON object")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("'model' must be a non-empty string")
+    stream = doc.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise bad("'stream' must be a boolean")
+    so = doc.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise bad("'stream_options' must be an object")
+    segments = _chat_segments(doc) if op == CHAT else _completion_segments(doc)
+    return Prompt(Protocol.OPENAI, op, model, bool(stream), tuple(segments), doc)
+
+
+def _choices(doc: Any) -> list[dict[str, Any]]:
+    if not isinstance(doc, dict):
+        raise ProtocolError(502, ErrorCode.UPSTREAM_BAD_RESPONSE, "upstream answer is not a JSON object")
+    choices = doc.get("choices", [])
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise ProtocolError(502, ErrorCode.UPSTREAM_BAD_RESPONSE, "upstream answer has malformed choices")
+    return choices
+
+
+def _index(choice: dict[str, Any], fallback: int) -> int:
+    idx = choice.get("index", fallback)
+    return idx if isinstance(idx, int) and idx >= 0 else fallback
+
+
+def answer_from_json(op: str, body: bytes, answer: Answer) -> None:
+    """Fill `answer` from a whole (non-streamed) response body."""
+    doc = strict_json(body, "upstream answer")
+    if isinstance(doc, dict) and "error" in doc:
+        answer.upstream_error = True
+        return
+    for n, choice in enumerate(_choices(doc)):
+        idx = _index(choice, n)
+        if op == CHAT:
+            msg = choice.get("message") or {}
+            content = msg.get("content") if isinstance(msg, dict) else None
+            if isinstance(content, str):
+                answer.add(idx, content)
+        elif isinstance(choice.get("text"), str):
+            answer.add(idx, choice["text"])
+        if isinstance(choice.get("finish_reason"), str):
+            answer.finish[idx] = choice["finish_reason"]
+    if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
+        answer.usage = doc["usage"]
+    answer.done = True
+
+
+def answer_from_sse(op: str, parser: SSEParser, chunk: bytes, end: bool, answer: Answer) -> None:
+    """Feed one streamed body chunk; deltas are reassembled per choice across chunk boundaries."""
+    events = parser.feed(chunk)
+    if end:
+        events += parser.close()
+    for ev in events:
+        answer.events += 1
+        if ev.data == "[DONE]":
+            answer.done = True
+            continue
+        doc = strict_json(ev.data.encode(), "upstream stream event")
+        if isinstance(doc, dict) and "error" in doc:
+            answer.upstream_error = True
+            continue
+        for n, choice in enumerate(_choices(doc)):
+            idx = _index(choice, n)
+            if op == CHAT:
+                delta = choice.get("delta") or {}
+                content = delta.get("content") if isinstance(delta, dict) else None
+                if isinstance(content, str):
+                    answer.add(idx, content)
+            elif isinstance(choice.get("text"), str):
+                answer.add(idx, choice["text"])
+            if isinstance(choice.get("finish_reason"), str):
+                answer.finish[idx] = choice["finish_reason"]
+        if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
+            answer.usage = doc["usage"]

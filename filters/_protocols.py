@@ -1,0 +1,122 @@
+"""Protocol-neutral views of prompts and answers, and strict JSON decoding.
+
+Parsers in `_openai.py` and `_kserve.py` turn wire formats into these, so later filters see text,
+not protocol.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ErrorCode
+from gateway.registry import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A piece of prompt text and where it came from (role, input name or document)."""
+
+    role: str
+    text: str
+
+
+@dataclass(slots=True)
+class Prompt:
+    """What a request asks, in protocol-neutral terms."""
+
+    protocol: Protocol
+    operation: str
+    model_ref: str | None = None
+    stream: bool = False
+    segments: tuple[Segment, ...] = ()
+    document: Any = None
+    binary_tail: bytes = b""
+
+    @property
+    def text(self) -> str:
+        """All prompt text, segments separated by blank lines."""
+        return "\n\n".join(s.text for s in self.segments)
+
+
+@dataclass(slots=True)
+class Answer:
+    """The upstream's answer text, reassembled per choice (or per output tensor)."""
+
+    parts: dict[int, list[str]] = field(default_factory=dict)
+    finish: dict[int, str] = field(default_factory=dict)
+    usage: dict[str, Any] | None = None
+    done: bool = False
+    upstream_error: bool = False
+    events: int = 0
+
+    def add(self, index: int, text: str) -> None:
+        """Append text to a choice."""
+        if text:
+            self.parts.setdefault(index, []).append(text)
+
+    def text(self, index: int = 0) -> str:
+        """The text of one choice so far."""
+        return "".join(self.parts.get(index, ()))
+
+    @property
+    def choices(self) -> list[int]:
+        """Choice indexes that have text, in order."""
+        return sorted(self.parts)
+
+
+class ProtocolError(ValueError):
+    """A request or response that does not follow its protocol; carries a user-safe code."""
+
+    def __init__(self, status: int, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Duplicate keys are how requests get smuggled past a gateway: we would check one value and
+    # the upstream's parser might use the other.
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ProtocolError(400, ErrorCode.INVALID_JSON, f"duplicate key {k!r} in JSON object")
+        out[k] = v
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise ProtocolError(400, ErrorCode.INVALID_JSON, f"{name} is not valid JSON")
+
+
+def strict_json(body: bytes, what: str = "request body") -> Any:
+    """Decode UTF-8 JSON strictly: no invalid UTF-8, lone surrogates, duplicate keys or NaN."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(400, ErrorCode.INVALID_ENCODING, f"{what} is not valid UTF-8") from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(
+            400, ErrorCode.INVALID_JSON, f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise ProtocolError(400, ErrorCode.INVALID_JSON, f"{what} is nested too deeply") from None
+    return doc
+
+
+def check_text(value: str, where: str) -> str:
+    """Reject strings that cannot be re-encoded (lone surrogates from \\ud800-style escapes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(400, ErrorCode.INVALID_ENCODING, f"{where} contains an invalid character") from None
+    return value
+
+
+def bad(message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST, status: int = 400) -> ProtocolError:
+    """A 400-class protocol error with a user-safe message."""
+    return ProtocolError(status, code, message)

@@ -1,0 +1,152 @@
+"""The Filter protocol, Decision values and the per-request context.
+
+Filters never see protobuf: `gateway.extproc` converts Envoy messages into these plain types.
+A filter reports its verdict by returning a Decision, never by raising; an exception is a bug
+and the chain turns it into a deny (fail closed).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Flag, auto
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from filters._protocols import Answer, Prompt
+    from gateway.registry import Registry, Route
+
+
+class Phase(Flag):
+    """Processing phases a filter wants to see."""
+
+    NONE = 0
+    REQUEST_HEADERS = auto()
+    REQUEST_BODY = auto()
+    RESPONSE_HEADERS = auto()
+    RESPONSE_BODY = auto()
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """Let the message through, with optional mutations."""
+
+    set_headers: tuple[tuple[str, str], ...] = ()
+    remove_headers: tuple[str, ...] = ()
+    body: bytes | None = None
+    reroute: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Deny:
+    """Refuse with a user-safe code and message; the client sees it in the protocol's error shape."""
+
+    status: int
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    """Answer on the gateway's behalf (e.g. a model list) without contacting an upstream."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+Decision = Continue | Deny | Respond
+CONTINUE = Continue()
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: resolved from the API key, never from client-supplied identity headers."""
+
+    key_id: str
+    user: str
+    tenant: str
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What one filter decided, for the audit record and metrics (never any request text)."""
+
+    filter: str
+    phase: str
+    action: str
+    elapsed_s: float
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """State of one HTTP request; made at request headers, dropped when the stream ends."""
+
+    request_id: str
+    method: str
+    path: str
+    headers: dict[str, str]
+    registry: Registry
+    query: str = ""
+    started: float = field(default_factory=time.perf_counter)
+    principal: Principal | None = None
+    prompt: Prompt | None = None
+    route: Route | None = None
+    response_status: int | None = None
+    response_headers: dict[str, str] = field(default_factory=dict)
+    answer: Answer | None = None
+    verdicts: list[Verdict] = field(default_factory=list)
+    # Per-filter private state for this request, keyed by filter name; gone with the request.
+    state: dict[str, object] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Filter(Protocol):
+    """One step of the chain. Hooks return a Decision; only hooks for declared phases are called."""
+
+    name: ClassVar[str]
+    phases: ClassVar[Phase]
+
+    async def on_request_headers(self, ctx: RequestContext) -> Decision:
+        """Request headers arrived (ctx.method, ctx.path, ctx.headers are set)."""
+        ...
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        """The whole request body (buffered) arrived."""
+        ...
+
+    async def on_response_headers(self, ctx: RequestContext) -> Decision:
+        """Upstream response headers arrived (ctx.response_status, ctx.response_headers)."""
+        ...
+
+    async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
+        """A response body chunk (the whole body when not streamed); `end` marks the last one."""
+        ...
+
+    async def on_end(self, ctx: RequestContext) -> None:
+        """The stream ended (normally or not); release per-request resources, record results."""
+        ...
+
+
+class BaseFilter:
+    """Convenience base: every hook continues. Subclasses override the phases they declare."""
+
+    name: ClassVar[str] = "base"
+    phases: ClassVar[Phase] = Phase.NONE
+
+    async def on_request_headers(self, ctx: RequestContext) -> Decision:
+        return CONTINUE
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        return CONTINUE
+
+    async def on_response_headers(self, ctx: RequestContext) -> Decision:
+        return CONTINUE
+
+    async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
+        return CONTINUE
+
+    async def on_end(self, ctx: RequestContext) -> None:
+        return None

@@ -1,0 +1,167 @@
+"""The chain runner: filters register by name, the chain folds their decisions in order.
+
+Per phase, each filter that declared the phase runs in order. A Deny or Respond ends the phase
+(and the request); Continue values are merged, and a replaced body is what the next filter sees.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from filters.base import CONTINUE, Continue, Decision, Deny, Filter, Phase, RequestContext, Respond, Verdict
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class BuildEnv:
+    """What filter factories get at start-up: settings now; engines (ONNX, Redis…) as they come."""
+
+    settings: Settings
+
+
+Factory = Callable[[BuildEnv], Filter]
+_FACTORIES: dict[str, Factory] = {}
+# Modules that register the shipped filters; imported on first lookup.
+_BUILTIN_MODULES = ("filters.principal", "filters.protocol", "filters.route", "filters.static_route")
+
+
+def register(name: str) -> Callable[[Factory], Factory]:
+    """Decorator: make a filter factory available to chains under `name`."""
+
+    def deco(factory: Factory) -> Factory:
+        if name in _FACTORIES and _FACTORIES[name] is not factory:
+            raise ValueError(f"filter {name!r} is registered twice")
+        _FACTORIES[name] = factory
+        return factory
+
+    return deco
+
+
+def available() -> list[str]:
+    """Names of every registered filter."""
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
+    return sorted(_FACTORIES)
+
+
+def build(names: Sequence[str], env: BuildEnv) -> Chain:
+    """Build a chain from filter names (unknown names are an error, never skipped)."""
+    known = available()
+    filters: list[Filter] = []
+    for n in names:
+        if n not in _FACTORIES:
+            raise ValueError(f"unknown filter {n!r}; known filters: {', '.join(known)}")
+        filters.append(_FACTORIES[n](env))
+    return Chain(filters)
+
+
+class Recorder(Protocol):
+    """Receives one observation per filter hook run (metrics)."""
+
+    def __call__(self, filter_name: str, phase: str, action: str, seconds: float) -> None: ...
+
+
+def _no_record(filter_name: str, phase: str, action: str, seconds: float) -> None:
+    return None
+
+
+def _action(d: Decision) -> str:
+    match d:
+        case Deny():
+            return "deny"
+        case Respond():
+            return "respond"
+        case Continue(body=None, set_headers=(), remove_headers=()):
+            return "continue"
+        case Continue():
+            return "mutate"
+
+
+def merge(a: Continue, b: Continue) -> Continue:
+    """Two continues in order: later header sets and bodies win."""
+    if a is CONTINUE:
+        return b
+    if b is CONTINUE:
+        return a
+    return Continue(
+        set_headers=a.set_headers + b.set_headers,
+        remove_headers=a.remove_headers + b.remove_headers,
+        body=b.body if b.body is not None else a.body,
+        reroute=a.reroute or b.reroute,
+    )
+
+
+class Chain:
+    """An ordered, immutable list of filters."""
+
+    def __init__(self, filters: Sequence[Filter], recorder: Recorder = _no_record) -> None:
+        self.filters = tuple(filters)
+        self.recorder = recorder
+        self.phases = Phase.NONE
+        for f in self.filters:
+            self.phases |= f.phases
+
+    @property
+    def names(self) -> list[str]:
+        """Filter names in order."""
+        return [f.name for f in self.filters]
+
+    async def _fold(
+        self, ctx: RequestContext, phase: Phase, label: str, call: Callable[[Filter, bytes | None], Awaitable[Decision]],
+        body: bytes | None = None,
+    ) -> Decision:
+        acc: Continue = CONTINUE
+        for f in self.filters:
+            if not f.phases & phase:
+                continue
+            t0 = time.perf_counter()
+            d = await call(f, body)
+            dt = time.perf_counter() - t0
+            action = _action(d)
+            self.recorder(f.name, label, action, dt)
+            ctx.verdicts.append(Verdict(f.name, label, action, dt))
+            match d:
+                case Deny() | Respond():
+                    return d
+                case Continue():
+                    acc = merge(acc, d)
+                    if d.body is not None:
+                        body = d.body
+        return acc
+
+    async def request_headers(self, ctx: RequestContext) -> Decision:
+        """Run every filter's on_request_headers."""
+        return await self._fold(ctx, Phase.REQUEST_HEADERS, "request_headers",
+                                lambda f, _b: f.on_request_headers(ctx))
+
+    async def request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        """Run every filter's on_request_body; each sees the body as earlier filters left it."""
+        return await self._fold(ctx, Phase.REQUEST_BODY, "request_body",
+                                lambda f, b: f.on_request_body(ctx, b if b is not None else body), body)
+
+    async def response_headers(self, ctx: RequestContext) -> Decision:
+        """Run every filter's on_response_headers."""
+        return await self._fold(ctx, Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY, "response_headers",
+                                lambda f, _b: f.on_response_headers(ctx))
+
+    async def response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
+        """Run every filter's on_response_chunk on one body chunk."""
+        return await self._fold(ctx, Phase.RESPONSE_BODY, "response_body",
+                                lambda f, b: f.on_response_chunk(ctx, b if b is not None else chunk, end), chunk)
+
+    async def end(self, ctx: RequestContext) -> None:
+        """Every filter's on_end, whatever happened; one failing does not skip the others."""
+        first: BaseException | None = None
+        for f in self.filters:
+            try:
+                await f.on_end(ctx)
+            except Exception as exc:  # noqa: BLE001 - re-raised below after the others ran
+                first = first or exc
+        if first is not None:
+            raise first

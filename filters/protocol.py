@@ -1,0 +1,142 @@
+"""Protocol parsing: turn OpenAI and KServe v2 traffic into Prompt and Answer values.
+
+Requests are validated strictly (bad JSON, wrong types, invalid UTF-8, oversized or unknown calls
+get a clear 4xx and never reach an upstream). Answers are reassembled per choice, streamed or
+not, so later filters read text, not protocol. An answer that cannot be parsed is refused (502):
+what cannot be checked is not forwarded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from filters import _kserve, _openai
+from filters._protocols import Answer, Prompt, ProtocolError
+from filters._sse import SSEError, SSEParser
+from filters.base import CONTINUE, BaseFilter, Decision, Deny, Phase, RequestContext
+from filters.chain import BuildEnv, register
+from gateway.errors import ErrorCode
+from gateway.registry import Protocol
+
+_BODYLESS_OPS = frozenset({_openai.MODELS, _openai.MODEL, _kserve.SERVER, _kserve.HEALTH,
+                           _kserve.MODEL_METADATA, _kserve.MODEL_READY, _kserve.MODEL_CONFIG})
+
+
+@dataclass(slots=True)
+class _State:
+    protocol: Protocol
+    op: str
+    kpath: _kserve.KPath | None = None
+    sse: SSEParser | None = None
+    buffered: bytearray | None = None
+
+
+def protocol_of(path: str) -> Protocol | None:
+    """Which protocol a path belongs to (None: neither)."""
+    if path == "/v1" or path.startswith("/v1/"):
+        return Protocol.OPENAI
+    if path == "/v2" or path.startswith("/v2/"):
+        return Protocol.KSERVE_V2
+    return None
+
+
+def _state(ctx: RequestContext) -> _State | None:
+    st = ctx.state.get(ProtocolParser.name)
+    return st if isinstance(st, _State) else None
+
+
+class ProtocolParser(BaseFilter):
+    """Validate requests and extract prompt and answer text for OpenAI and KServe v2."""
+
+    name: ClassVar[str] = "protocol"
+    phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY | Phase.RESPONSE_BODY
+
+    def __init__(self, max_body_bytes: int) -> None:
+        self._max_body = max_body_bytes
+
+    def _deny(self, exc: ProtocolError) -> Deny:
+        return Deny(exc.status, exc.code, exc.message)
+
+    async def on_request_headers(self, ctx: RequestContext) -> Decision:
+        proto = protocol_of(ctx.path)
+        try:
+            if proto is Protocol.OPENAI:
+                op = _openai.operation_for(ctx.method, ctx.path)
+                st = _State(proto, op)
+            elif proto is Protocol.KSERVE_V2:
+                kp = _kserve.parse_path(ctx.method, ctx.path)
+                st = _State(proto, kp.op, kp)
+            else:
+                return Deny(404, ErrorCode.UNKNOWN_PATH, "unknown path")
+        except ProtocolError as exc:
+            return self._deny(exc)
+        length = ctx.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self._max_body):
+            return Deny(413, ErrorCode.BODY_TOO_LARGE, f"request body exceeds {self._max_body} bytes")
+        ctx.state[self.name] = st
+        if st.op in _BODYLESS_OPS:
+            model = st.kpath.model_ref if st.kpath else (ctx.path.split("/", 3)[3] if st.op == _openai.MODEL else None)
+            ctx.prompt = Prompt(proto, st.op, model)
+        return CONTINUE
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        st = _state(ctx)
+        if st is None:
+            return Deny(500, ErrorCode.INTERNAL, "internal error")
+        if st.op in _BODYLESS_OPS:
+            if body:
+                return Deny(400, ErrorCode.INVALID_REQUEST, "this call takes no request body")
+            return CONTINUE
+        if len(body) > self._max_body:
+            return Deny(413, ErrorCode.BODY_TOO_LARGE, f"request body exceeds {self._max_body} bytes")
+        try:
+            if st.protocol is Protocol.OPENAI:
+                ctx.prompt = _openai.parse_request(st.op, body)
+            else:
+                assert st.kpath is not None
+                ctx.prompt = _kserve.parse_request(st.kpath, body, ctx.headers.get(_kserve.HEADER_LENGTH))
+        except ProtocolError as exc:
+            return self._deny(exc)
+        return CONTINUE
+
+    async def on_response_headers(self, ctx: RequestContext) -> Decision:
+        st = _state(ctx)
+        if st is None:
+            return Deny(500, ErrorCode.INTERNAL, "internal error")
+        ctype = ctx.response_headers.get("content-type", "")
+        ctx.answer = Answer()
+        if ctype.startswith("text/event-stream"):
+            st.sse = SSEParser()
+        else:
+            st.buffered = bytearray()
+        return CONTINUE
+
+    async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
+        st = _state(ctx)
+        if st is None or ctx.answer is None:
+            return Deny(500, ErrorCode.INTERNAL, "internal error")
+        status = ctx.response_status or 0
+        try:
+            if st.sse is not None:
+                if st.protocol is Protocol.OPENAI:
+                    _openai.answer_from_sse(st.op, st.sse, chunk, end, ctx.answer)
+                else:
+                    _kserve.answer_from_sse(st.sse, chunk, end, ctx.answer)
+            elif st.buffered is not None:
+                st.buffered += chunk
+                if end and 200 <= status < 300 and st.op not in _BODYLESS_OPS:
+                    body = bytes(st.buffered)
+                    if st.protocol is Protocol.OPENAI:
+                        _openai.answer_from_json(st.op, body, ctx.answer)
+                    else:
+                        _kserve.answer_from_body(st.op, body, ctx.response_headers.get(_kserve.HEADER_LENGTH),
+                                                 ctx.answer)
+        except (ProtocolError, SSEError):
+            return Deny(502, ErrorCode.UPSTREAM_BAD_RESPONSE, "the upstream sent an answer the gateway cannot read")
+        return CONTINUE
+
+
+@register("protocol")
+def _build(env: BuildEnv) -> ProtocolParser:
+    return ProtocolParser(env.settings.max_request_body_bytes)

@@ -1,0 +1,89 @@
+"""Version-aware routing from the model registry.
+
+Resolves `name[@version][:hash]` to an upstream and writes the gateway-owned routing header
+(`x-ztgate-upstream`), then asks Envoy to re-route. The upstream gets the model under the name
+and version it knows: the OpenAI `model` field or the KServe path is rewritten accordingly.
+The OpenAI model list is answered by the gateway from the registry.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+from filters import _kserve, _openai
+from filters._protocols import Prompt
+from filters.base import BaseFilter, Continue, Decision, Deny, Phase, RequestContext, Respond
+from filters.chain import BuildEnv, register
+from gateway.errors import ErrorCode
+from gateway.registry import Protocol, parse_ref
+
+UPSTREAM_HEADER = "x-ztgate-upstream"
+_NOT_FOUND = Deny(404, ErrorCode.MODEL_NOT_FOUND, "the model does not exist or is not available to you")
+
+
+def _model_entry(model_id: str) -> dict[str, object]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "ztgate"}
+
+
+class RegistryRoute(BaseFilter):
+    """Route each request to the upstream the registry names for its model reference."""
+
+    name: ClassVar[str] = "route"
+    phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY
+
+    async def on_request_headers(self, ctx: RequestContext) -> Decision:
+        # Calls without a body (model lists, health, metadata) are complete at this point.
+        return self._route(ctx, ctx.prompt) if ctx.prompt is not None else Continue()
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        if ctx.prompt is None:
+            return Deny(500, ErrorCode.INTERNAL, "internal error")
+        if ctx.route is not None or ctx.prompt.operation in (_openai.MODELS, _openai.MODEL):
+            return Continue()
+        return self._route(ctx, ctx.prompt)
+
+    def _route(self, ctx: RequestContext, p: Prompt) -> Decision:
+        reg = ctx.registry
+        if p.protocol is Protocol.OPENAI:
+            if p.operation == _openai.MODELS:
+                ids: list[str] = []
+                for m, v in reg.models_for(Protocol.OPENAI):
+                    ids += [m, f"{m}@{v}"]
+                return _json(200, {"object": "list", "data": [_model_entry(i) for i in dict.fromkeys(ids)]})
+            if p.operation == _openai.MODEL:
+                ref = parse_ref(p.model_ref or "")
+                if ref is None or reg.resolve(ref, Protocol.OPENAI) is None:
+                    return _NOT_FOUND
+                return _json(200, _model_entry(p.model_ref or ""))
+        if p.protocol is Protocol.KSERVE_V2 and p.operation in (_kserve.SERVER, _kserve.HEALTH):
+            cluster = reg.server_route(Protocol.KSERVE_V2)
+            if cluster is None:
+                return Deny(404, ErrorCode.UNKNOWN_PATH, "no model server is configured for this call")
+            return Continue(set_headers=((UPSTREAM_HEADER, cluster),), reroute=True)
+        ref = parse_ref(p.model_ref or "")
+        route = reg.resolve(ref, p.protocol) if ref is not None else None
+        if route is None:
+            return _NOT_FOUND
+        ctx.route = route
+        headers: tuple[tuple[str, str], ...] = ((UPSTREAM_HEADER, route.cluster),)
+        body: bytes | None = None
+        if p.protocol is Protocol.OPENAI:
+            if route.upstream_model != p.model_ref and isinstance(p.document, dict):
+                doc = dict(p.document)
+                doc["model"] = route.upstream_model
+                body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+        else:
+            path = _kserve.upstream_path(_kserve.KPath(p.operation, p.model_ref), route.upstream_model,
+                                         route.upstream_version)
+            headers += ((":path", path + (f"?{ctx.query}" if ctx.query else "")),)
+        return Continue(set_headers=headers, body=body, reroute=True)
+
+
+def _json(status: int, doc: object) -> Respond:
+    return Respond(status, json.dumps(doc).encode())
+
+
+@register("route")
+def _build(env: BuildEnv) -> RegistryRoute:
+    return RegistryRoute()

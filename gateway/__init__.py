@@ -1,0 +1,1 @@
+"""ztgate: a zero-trust gateway for self-hosted LLMs (Envoy + a Python ext_proc filter chain)."""

@@ -1,0 +1,80 @@
+"""Render envoy/envoy.yaml: fill ${NAME} placeholders and append the generated clusters."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.registry import Registry, cluster_name
+from gateway.settings import Settings
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
+EXTPROC_CLUSTER = "ztgate_extproc"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.3f}s"
+
+
+def _endpoint(host: str, port: int) -> dict[str, Any]:
+    return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
+
+
+def _cluster(name: str, endpoints: list[tuple[str, int]], *, http2: bool, buffer_limit: int) -> dict[str, Any]:
+    c: dict[str, Any] = {
+        "name": name,
+        "type": "STRICT_DNS",
+        "connect_timeout": "2s",
+        "lb_policy": "ROUND_ROBIN",
+        "per_connection_buffer_limit_bytes": buffer_limit,
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [_endpoint(h, p) for h, p in endpoints]}]},
+    }
+    if http2:
+        c["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+        # A dead worker is taken out of rotation rather than failing every other request.
+        c["outlier_detection"] = {"consecutive_gateway_failure": 3, "consecutive_local_origin_failure": 3,
+                                  "split_external_local_origin_errors": True, "base_ejection_time": "2s",
+                                  "max_ejection_percent": 50}
+    return c
+
+
+def render(settings: Settings, registry: Registry, template: Path = TEMPLATE) -> dict[str, Any]:
+    """The complete Envoy bootstrap as a dict."""
+    values = {
+        "ADMIN_ADDRESS": settings.admin_address,
+        "ENVOY_ADMIN_PORT": settings.envoy_admin_port,
+        "LISTEN_ADDRESS": settings.listen_address,
+        "LISTEN_PORT": settings.listen_port,
+        "BUFFER_LIMIT_BYTES": settings.buffer_limit_bytes,
+        "UPSTREAM_TIMEOUT": _duration(settings.upstream_timeout_s),
+        "EXTPROC_STREAM_TIMEOUT": _duration(max(settings.upstream_timeout_s, 1.0) + 60),
+        "MESSAGE_TIMEOUT": _duration(settings.message_timeout_s),
+        "PHASE_BUDGET": _duration(settings.phase_budget_s),
+    }
+    text = string.Template(template.read_text(encoding="utf-8")).substitute(values)
+    doc: dict[str, Any] = yaml.safe_load(text)
+    clusters = [
+        _cluster(EXTPROC_CLUSTER, [(settings.worker_host, p) for p in settings.worker_ports], http2=True,
+                 buffer_limit=settings.buffer_limit_bytes * 2)
+    ]
+    for name, up in sorted(registry.spec.upstreams.items()):
+        clusters.append(_cluster(cluster_name(name), [(up.host, up.port)], http2=False,
+                                 buffer_limit=settings.buffer_limit_bytes))
+    doc["static_resources"]["clusters"] = clusters
+    return doc
+
+
+def write(settings: Settings, registry: Registry, out: Path) -> Path:
+    """Render to a file (JSON is valid YAML for Envoy)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(render(settings, registry), indent=1), encoding="utf-8")
+    return out

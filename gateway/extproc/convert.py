@@ -1,0 +1,79 @@
+"""Protobuf ⇄ plain Python, in both directions. Nothing outside gateway/extproc imports Envoy types."""
+
+from __future__ import annotations
+
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+
+from filters.base import Continue, Deny, Respond
+from gateway.errors import error_body
+
+ProcessingRequest = pb.ProcessingRequest
+ProcessingResponse = pb.ProcessingResponse
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_PM = processing_mode_pb2.ProcessingMode
+SEND = _PM.SEND
+SKIP = _PM.SKIP
+NONE = _PM.NONE
+STREAMED = _PM.STREAMED
+BUFFERED = _PM.BUFFERED
+
+
+def headers_to_dict(hm: base_pb2.HeaderMap) -> dict[str, str]:
+    """Envoy's header map as lower-case name → value (repeated headers joined with ', ')."""
+    out: dict[str, str] = {}
+    for h in hm.headers:
+        value = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+        key = h.key.lower()
+        out[key] = f"{out[key]}, {value}" if key in out else value
+    return out
+
+
+def mode(request_body: int, response_headers: int, response_body: int = NONE) -> processing_mode_pb2.ProcessingMode:
+    """A full processing mode (headers always sent, trailers never)."""
+    return _PM(
+        request_header_mode=SEND,
+        response_header_mode=response_headers,
+        request_body_mode=request_body,
+        response_body_mode=response_body,
+        request_trailer_mode=SKIP,
+        response_trailer_mode=SKIP,
+    )
+
+
+def common(c: Continue, extra_remove: tuple[str, ...] = ()) -> pb.CommonResponse:
+    """A CommonResponse carrying a Continue's mutations."""
+    cr = pb.CommonResponse()
+    set_names = {k for k, _ in c.set_headers}
+    removes = [h for h in (*extra_remove, *c.remove_headers) if h not in set_names]
+    if c.set_headers or removes:
+        hm = cr.header_mutation
+        for k, v in c.set_headers:
+            hm.set_headers.append(
+                base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE)
+            )
+        hm.remove_headers.extend(dict.fromkeys(removes))
+    if c.body is not None:
+        cr.body_mutation.body = c.body
+    if c.reroute:
+        cr.clear_route_cache = True
+    return cr
+
+
+def immediate(decision: Deny | Respond, request_id: str, kserve: bool) -> pb.ProcessingResponse:
+    """An ImmediateResponse: the chain's deny in the protocol's error shape, or its own answer."""
+    if isinstance(decision, Deny):
+        status, details = decision.status, f"ztgate_{decision.code}"
+        body = error_body(kserve, decision.status, decision.code, decision.message, request_id)
+        ctype = "application/json"
+    else:
+        status, details, body, ctype = decision.status, "ztgate_respond", decision.body, decision.content_type
+    ir = pb.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status), body=body, details=details)
+    ir.headers.set_headers.append(
+        base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key="content-type", raw_value=ctype.encode()),
+                                   append_action=_OVERWRITE)
+    )
+    return pb.ProcessingResponse(immediate_response=ir)

@@ -1,0 +1,238 @@
+"""The ext_proc gRPC server: one stream per HTTP request, one RequestContext per stream.
+
+Fail closed everywhere: a filter exception, a phase over its time budget, or a message we did not
+ask for becomes a deny with the request id. The stream is never ended before every message got an
+answer (Envoy would then continue without us).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from filters._protocols import Answer
+from filters.base import Continue, Decision, Deny, Phase, RequestContext, Respond
+from filters.chain import Chain
+from gateway.errors import ErrorCode
+from gateway.extproc import convert as cv
+from gateway.observability import Metrics, log, where
+from gateway.registry import Registry
+
+SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+OWNED_PREFIX = "x-ztgate-"
+
+
+@dataclass(slots=True)
+class _Stream:
+    ctx: RequestContext | None = None
+    kserve: bool = False
+    request_body_mode: int = cv.NONE
+    response_headers_mode: int = cv.SKIP
+    outcome: str = "allowed"
+    status: int = 0
+
+
+class ExtProcServer:
+    """Runs the chain for each ext_proc stream."""
+
+    def __init__(self, chain: Chain, registry: Callable[[], Registry], budget_s: float, metrics: Metrics) -> None:
+        self._chain = chain
+        self._registry = registry
+        self._budget = budget_s
+        self._metrics = metrics
+        self._log = log()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The generic handler serving /envoy.service.ext_proc.v3.ExternalProcessor/Process."""
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Process": grpc.stream_stream_rpc_method_handler(
+                    self.process,
+                    request_deserializer=cv.ProcessingRequest.FromString,
+                    response_serializer=cv.ProcessingResponse.SerializeToString,
+                )
+            },
+        )
+
+    async def process(
+        self, requests: AsyncIterator[cv.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cv.ProcessingResponse]:
+        """One HTTP request's conversation with Envoy."""
+        st = _Stream()
+        try:
+            async for req in requests:
+                t0 = time.perf_counter()
+                kind = req.WhichOneof("request")
+                try:
+                    async with asyncio.timeout(self._budget):
+                        resp = await self._handle(kind, req, st)
+                except TimeoutError:
+                    self._metrics.failures.labels("timeout").inc()
+                    self._log.warning("phase_timeout", request_id=self._rid(st), phase=kind)
+                    resp = self._deny(st, Deny(504, ErrorCode.GATEWAY_TIMEOUT, "the gateway took too long"))
+                except Exception as exc:  # noqa: BLE001 - any bug denies (fail closed), logged without values
+                    self._metrics.failures.labels("error").inc()
+                    self._log.error("chain_error", request_id=self._rid(st), phase=kind,
+                                    error_type=type(exc).__name__, at=where(exc))
+                    resp = self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
+                self._metrics.phase_seconds.labels(kind or "unknown").observe(time.perf_counter() - t0)
+                yield resp
+                if resp.HasField("immediate_response"):
+                    return
+        finally:
+            await self._finish(st)
+
+    def _rid(self, st: _Stream) -> str:
+        return st.ctx.request_id if st.ctx else "-"
+
+    def _deny(self, st: _Stream, d: Deny | Respond) -> cv.ProcessingResponse:
+        st.outcome = "denied" if isinstance(d, Deny) else "responded"
+        st.status = d.status
+        return cv.immediate(d, self._rid(st), st.kserve)
+
+    async def _handle(self, kind: str | None, req: cv.ProcessingRequest, st: _Stream) -> cv.ProcessingResponse:
+        if kind == "request_headers":
+            return await self._request_headers(req.request_headers, st)
+        ctx = st.ctx
+        if ctx is None:
+            return self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
+        if kind == "request_body":
+            d = await self._chain.request_body(ctx, req.request_body.body)
+            return self._after(st, d, lambda c: cv.ProcessingResponse(request_body=cv.pb.BodyResponse(response=c)))
+        if kind == "response_headers":
+            return await self._response_headers(req.response_headers, st, ctx)
+        if kind == "response_body":
+            d = await self._chain.response_chunk(ctx, req.response_body.body, req.response_body.end_of_stream)
+            return self._after(st, d, lambda c: cv.ProcessingResponse(response_body=cv.pb.BodyResponse(response=c)))
+        # Trailers or anything newer: we never asked for it, so we do not pass it.
+        return self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
+
+    def _after(
+        self, st: _Stream, d: Decision, wrap: Callable[[cv.pb.CommonResponse], cv.ProcessingResponse],
+        extra_remove: tuple[str, ...] = (),
+    ) -> cv.ProcessingResponse:
+        match d:
+            case Deny() | Respond():
+                return self._deny(st, d)
+            case Continue():
+                return wrap(cv.common(d, extra_remove))
+
+    async def _request_headers(self, msg: cv.pb.HttpHeaders, st: _Stream) -> cv.ProcessingResponse:
+        headers = cv.headers_to_dict(msg.headers)
+        raw_path = headers.get(":path", "/")
+        path, _, query = raw_path.partition("?")
+        # Gateway-owned headers are never taken from the client: drop them before any filter looks.
+        spoofed = tuple(k for k in headers if k.startswith(OWNED_PREFIX))
+        for k in spoofed:
+            del headers[k]
+        ctx = RequestContext(
+            request_id=headers.get("x-request-id") or str(uuid.uuid4()),
+            method=headers.get(":method", ""),
+            path=path,
+            headers=headers,
+            registry=self._registry(),
+            query=query,
+        )
+        st.ctx = ctx
+        st.kserve = path.startswith("/v2")
+        chain = self._chain
+        d = await chain.request_headers(ctx)
+        wants_body = bool(chain.phases & Phase.REQUEST_BODY)
+        if isinstance(d, Continue) and wants_body and msg.end_of_stream:
+            # No body will come: the body checks run now, on an empty body.
+            d2 = await chain.request_body(ctx, b"")
+            d = d2 if not isinstance(d2, Continue) else Continue(
+                d.set_headers + d2.set_headers, d.remove_headers + d2.remove_headers, None, d.reroute or d2.reroute
+            )
+        st.request_body_mode = cv.BUFFERED if wants_body and not msg.end_of_stream else cv.NONE
+        st.response_headers_mode = cv.SEND if chain.phases & (Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY) else cv.SKIP
+
+        def wrap(c: cv.pb.CommonResponse) -> cv.ProcessingResponse:
+            return cv.ProcessingResponse(
+                request_headers=cv.pb.HeadersResponse(response=c),
+                mode_override=cv.mode(st.request_body_mode, st.response_headers_mode),
+            )
+
+        return self._after(st, d, wrap, spoofed)
+
+    async def _response_headers(
+        self, msg: cv.pb.HttpHeaders, st: _Stream, ctx: RequestContext
+    ) -> cv.ProcessingResponse:
+        headers = cv.headers_to_dict(msg.headers)
+        try:
+            ctx.response_status = int(headers.get(":status", "0"))
+        except ValueError:
+            ctx.response_status = 0
+        ctx.response_headers = headers
+        ctx.answer = Answer()
+        d = await self._chain.response_headers(ctx)
+        body_mode = cv.NONE
+        if self._chain.phases & Phase.RESPONSE_BODY:
+            if msg.end_of_stream:
+                if isinstance(d, Continue):
+                    d2 = await self._chain.response_chunk(ctx, b"", True)
+                    d = d2 if not isinstance(d2, Continue) else d
+            else:
+                body_mode = cv.STREAMED if headers.get("content-type", "").startswith("text/event-stream") else cv.BUFFERED
+
+        def wrap(c: cv.pb.CommonResponse) -> cv.ProcessingResponse:
+            return cv.ProcessingResponse(
+                response_headers=cv.pb.HeadersResponse(response=c),
+                mode_override=cv.mode(st.request_body_mode, st.response_headers_mode, body_mode),
+            )
+
+        return self._after(st, d, wrap)
+
+    async def _finish(self, st: _Stream) -> None:
+        ctx = st.ctx
+        if ctx is None:
+            return
+        try:
+            await self._chain.end(ctx)
+        except Exception as exc:  # noqa: BLE001 - the response is gone; record the bug and move on
+            self._log.error("chain_end_error", request_id=ctx.request_id, error_type=type(exc).__name__, at=where(exc))
+        status = st.status or ctx.response_status or 0
+        self._metrics.requests.labels(st.outcome).inc()
+        route = ctx.route
+        self._log.info(
+            "request",
+            request_id=ctx.request_id,
+            method=ctx.method,
+            path=ctx.path,
+            status=status,
+            outcome=st.outcome,
+            user=ctx.principal.user if ctx.principal else None,
+            tenant=ctx.principal.tenant if ctx.principal else None,
+            model=f"{route.model}@{route.version}" if route else None,
+            verdicts=[f"{v.filter}:{v.phase}:{v.action}" for v in ctx.verdicts if v.action != "continue"],
+            chain_ms=round(sum(v.elapsed_s for v in ctx.verdicts) * 1000, 3),
+            duration_ms=round((time.perf_counter() - ctx.started) * 1000, 3),
+        )
+
+
+async def serve(server_impl: ExtProcServer, host: str, port: int, ready: asyncio.Event | None = None) -> None:
+    """Serve until cancelled."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    server.add_generic_rpc_handlers((server_impl.handler(),))
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind ext_proc port {host}:{port}")
+    await server.start()
+    if ready is not None:
+        ready.set()
+    try:
+        await server.wait_for_termination()
+    finally:
+        await server.stop(grace=2)

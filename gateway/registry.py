@@ -1,0 +1,211 @@
+"""The model registry: which upstream serves which model version.
+
+A model reference is ``name[@version][:hash]`` (e.g. ``llama3-8b@v2.4:abc123``). Without a version
+it resolves to the model's ``latest``; with a hash, the hash must match the registered one, so a
+client that pinned a build never silently gets another. The embedded backend is a YAML file; a
+Consul backend plugs in behind the same ``Registry`` value type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_REF = re.compile(rf"^(?P<name>{_NAME})(?:@(?P<version>[A-Za-z0-9._-]{{1,64}}))?(?::(?P<hash>[0-9a-fA-F]{{4,64}}))?$")
+
+
+class Protocol(StrEnum):
+    """Wire protocols the gateway understands."""
+
+    OPENAI = "openai"
+    KSERVE_V2 = "kserve_v2"
+
+
+# Enums come from YAML as strings: the one lax conversion strict mode would otherwise refuse.
+ProtocolField = Annotated[Protocol, Strict(False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class UpstreamSpec(_Strict):
+    """One model server (a cluster in Envoy)."""
+
+    protocol: ProtocolField = Field(description="Wire protocol the upstream speaks.")
+    host: str = Field(description="Host name or IP address of the upstream.")
+    port: Annotated[int, Field(ge=1, le=65535, description="TCP port of the upstream.")]
+
+
+class VersionSpec(_Strict):
+    """One deployable version of a model."""
+
+    upstream: str = Field(description="Name of the upstream (under `upstreams`) that serves it.")
+    upstream_model: str | None = Field(
+        default=None, description="Model name the upstream knows it by (default: the model's name)."
+    )
+    upstream_version: str | None = Field(
+        default=None, description="Version the upstream knows it by (KServe v2 version directory)."
+    )
+    hash: str | None = Field(default=None, description="Content hash of the weights (hex), for pinning.")
+
+
+class ModelSpec(_Strict):
+    """A model name with its versions."""
+
+    latest: str = Field(description="The version a reference without `@version` resolves to.")
+    versions: dict[str, VersionSpec] = Field(description="Versions by name.")
+
+    @model_validator(mode="after")
+    def _latest_exists(self) -> ModelSpec:
+        if self.latest not in self.versions:
+            raise ValueError(f"latest version {self.latest!r} is not among versions {sorted(self.versions)}")
+        return self
+
+
+class RegistrySpec(_Strict):
+    """The registry file."""
+
+    upstreams: dict[str, UpstreamSpec] = Field(description="Model servers by name.")
+    models: dict[str, ModelSpec] = Field(description="Models by name.")
+    server_default: dict[ProtocolField, str] = Field(
+        default_factory=dict,
+        description="Upstream that answers server-level calls (e.g. KServe `/v2/health/ready`) per protocol.",
+    )
+
+    @model_validator(mode="after")
+    def _references(self) -> RegistrySpec:
+        for name in self.upstreams:
+            if not re.fullmatch(_NAME, name):
+                raise ValueError(f"upstream name {name!r} must match {_NAME}")
+        for mname, model in self.models.items():
+            if not re.fullmatch(_NAME, mname):
+                raise ValueError(f"model name {mname!r} must match {_NAME}")
+            for vname, v in model.versions.items():
+                if v.upstream not in self.upstreams:
+                    raise ValueError(f"model {mname}@{vname}: unknown upstream {v.upstream!r}")
+        for proto, up in self.server_default.items():
+            if up not in self.upstreams:
+                raise ValueError(f"server_default for {proto}: unknown upstream {up!r}")
+            if self.upstreams[up].protocol != proto:
+                raise ValueError(f"server_default for {proto}: upstream {up!r} speaks {self.upstreams[up].protocol}")
+        return self
+
+
+class RegistryError(ValueError):
+    """The registry file is unreadable or invalid."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRef:
+    """A parsed model reference."""
+
+    name: str
+    version: str | None
+    hash: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one request goes."""
+
+    cluster: str
+    protocol: Protocol
+    model: str
+    version: str
+    upstream_model: str
+    upstream_version: str | None
+    model_hash: str | None
+
+
+def cluster_name(upstream: str) -> str:
+    """Envoy cluster name for an upstream; the prefix keeps them apart from internal clusters."""
+    return f"up_{upstream}"
+
+
+def parse_ref(ref: str) -> ModelRef | None:
+    """Parse ``name[@version][:hash]``; None if it is not a valid reference."""
+    m = _REF.match(ref)
+    if m is None:
+        return None
+    h = m.group("hash")
+    return ModelRef(m.group("name"), m.group("version"), h.lower() if h else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    """An immutable, validated registry snapshot."""
+
+    spec: RegistrySpec
+    revision: str
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "<registry>") -> Registry:
+        """Validate registry YAML; raise RegistryError with a readable message."""
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise RegistryError(f"{source}: not valid YAML: {exc}") from None
+        try:
+            spec = RegistrySpec.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
+            )
+            raise RegistryError(f"{source}: {problems}") from None
+        return cls(spec, hashlib.sha256(text.encode()).hexdigest()[:12])
+
+    @classmethod
+    def load(cls, path: Path) -> Registry:
+        """Read and validate a registry file."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise RegistryError(f"{path}: cannot read: {exc.strerror}") from None
+        return cls.from_yaml(text, str(path))
+
+    def resolve(self, ref: ModelRef, protocol: Protocol) -> Route | None:
+        """The route for a reference, or None if no such model/version/hash speaks this protocol."""
+        model = self.spec.models.get(ref.name)
+        if model is None:
+            return None
+        version = ref.version or model.latest
+        vspec = model.versions.get(version)
+        if vspec is None:
+            return None
+        if ref.hash is not None and (vspec.hash is None or not vspec.hash.lower().startswith(ref.hash)):
+            return None
+        upstream = self.spec.upstreams[vspec.upstream]
+        if upstream.protocol != protocol:
+            return None
+        return Route(
+            cluster=cluster_name(vspec.upstream),
+            protocol=protocol,
+            model=ref.name,
+            version=version,
+            upstream_model=vspec.upstream_model or ref.name,
+            upstream_version=vspec.upstream_version,
+            model_hash=vspec.hash,
+        )
+
+    def server_route(self, protocol: Protocol) -> str | None:
+        """Cluster that answers server-level calls for a protocol, if one is configured."""
+        up = self.spec.server_default.get(protocol)
+        return cluster_name(up) if up else None
+
+    def models_for(self, protocol: Protocol) -> list[tuple[str, str]]:
+        """(name, version) pairs served over a protocol, each name's latest first."""
+        out: list[tuple[str, str]] = []
+        for name, model in sorted(self.spec.models.items()):
+            for version in [model.latest, *sorted(v for v in model.versions if v != model.latest)]:
+                if self.spec.upstreams[model.versions[version].upstream].protocol == protocol:
+                    out.append((name, version))
+        return out

@@ -1,0 +1,99 @@
+"""Process settings, read from the environment once into a frozen object.
+
+Only policy hot-reloads; everything here is fixed for the life of a process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+_PACKAGE_DEFAULTS = Path(__file__).resolve().parent / "defaults"
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from exc
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a gateway process needs to know that is not policy."""
+
+    listen_address: str = "127.0.0.1"
+    listen_port: int = 8080
+    admin_address: str = "127.0.0.1"
+    admin_port: int = 9901
+    envoy_admin_port: int = 9902
+    worker_host: str = "127.0.0.1"
+    worker_ports: tuple[int, ...] = (50051, 50052)
+    registry_file: Path = _PACKAGE_DEFAULTS / "registry.yaml"
+    keys_file: Path = _PACKAGE_DEFAULTS / "keys.yaml"
+    # Per-phase budget for the Python chain, and Envoy's message_timeout above it.
+    phase_budget_s: float = 1.0
+    message_timeout_s: float = 2.0
+    upstream_timeout_s: float = 300.0
+    max_request_body_bytes: int = 4 * 1024 * 1024
+    buffer_limit_bytes: int = 8 * 1024 * 1024
+    state_dir: Path = Path(".cache/ztgate")
+    log_level: str = "info"
+    filters: tuple[str, ...] = ("principal", "protocol", "route")
+    static_upstream: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from ZTGATE_* variables; unknown values are errors, not defaults."""
+        e = os.environ if env is None else env
+        ports_raw = e.get("ZTGATE_WORKER_PORTS", "")
+        try:
+            ports = tuple(int(p) for p in ports_raw.split(",") if p.strip()) or cls.worker_ports
+        except ValueError as exc:
+            raise ValueError(f"ZTGATE_WORKER_PORTS must be comma-separated ports, got {ports_raw!r}") from exc
+        s = cls(
+            listen_address=e.get("ZTGATE_LISTEN_ADDRESS", cls.listen_address),
+            listen_port=_int(e, "ZTGATE_LISTEN_PORT", cls.listen_port),
+            admin_address=e.get("ZTGATE_ADMIN_ADDRESS", cls.admin_address),
+            admin_port=_int(e, "ZTGATE_ADMIN_PORT", cls.admin_port),
+            envoy_admin_port=_int(e, "ZTGATE_ENVOY_ADMIN_PORT", cls.envoy_admin_port),
+            worker_host=e.get("ZTGATE_WORKER_HOST", cls.worker_host),
+            worker_ports=ports,
+            registry_file=Path(e.get("ZTGATE_REGISTRY_FILE", str(cls.registry_file))),
+            keys_file=Path(e.get("ZTGATE_KEYS_FILE", str(cls.keys_file))),
+            phase_budget_s=_float(e, "ZTGATE_PHASE_BUDGET_S", cls.phase_budget_s),
+            message_timeout_s=_float(e, "ZTGATE_MESSAGE_TIMEOUT_S", cls.message_timeout_s),
+            upstream_timeout_s=_float(e, "ZTGATE_UPSTREAM_TIMEOUT_S", cls.upstream_timeout_s),
+            max_request_body_bytes=_int(e, "ZTGATE_MAX_REQUEST_BODY_BYTES", cls.max_request_body_bytes),
+            buffer_limit_bytes=_int(e, "ZTGATE_BUFFER_LIMIT_BYTES", cls.buffer_limit_bytes),
+            state_dir=Path(e.get("ZTGATE_STATE_DIR", str(cls.state_dir))),
+            log_level=e.get("ZTGATE_LOG_LEVEL", cls.log_level),
+            filters=tuple(f.strip() for f in e.get("ZTGATE_FILTERS", "").split(",") if f.strip()) or cls.filters,
+            static_upstream=e.get("ZTGATE_STATIC_UPSTREAM", ""),
+        )
+        s.check()
+        return s
+
+    def check(self) -> None:
+        """Refuse combinations that would make the gateway fail open or misbehave."""
+        if self.message_timeout_s <= self.phase_budget_s:
+            raise ValueError("message timeout must exceed the per-phase budget, or Envoy answers first")
+        if self.max_request_body_bytes > self.buffer_limit_bytes:
+            raise ValueError("max request body must not exceed Envoy's buffer limit")
+        if not self.worker_ports:
+            raise ValueError("at least one worker port is needed")

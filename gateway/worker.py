@@ -1,0 +1,48 @@
+"""One ext_proc worker process: the whole chain on one port (`python -m gateway.worker PORT`).
+
+Several workers run side by side, one port each, listed as endpoints of one Envoy cluster
+(Envoy multiplexes all streams on one HTTP/2 connection, so SO_REUSEPORT would not spread them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+
+import uvloop
+
+from filters.chain import BuildEnv, build
+from gateway.extproc.server import ExtProcServer, serve
+from gateway.observability import Metrics, log, setup_logging
+from gateway.registry import Registry
+from gateway.settings import Settings
+
+
+async def _main(port: int) -> None:
+    settings = Settings.from_env()
+    setup_logging(settings.log_level)
+    registry = Registry.load(settings.registry_file)
+    metrics = Metrics()
+    chain = build(settings.filters, BuildEnv(settings))
+    chain.recorder = metrics.record
+    impl = ExtProcServer(chain, lambda: registry, settings.phase_budget_s, metrics)
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: task.cancel() if task else None)
+    log().info("worker_start", port=port, filters=chain.names, registry=registry.revision)
+    with contextlib.suppress(asyncio.CancelledError):
+        await serve(impl, settings.worker_host, port)
+
+
+def main() -> None:
+    """Entry point."""
+    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
+        sys.exit("usage: python -m gateway.worker PORT")
+    uvloop.run(_main(int(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()
