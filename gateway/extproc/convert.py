@@ -44,9 +44,15 @@ def mode(request_body: int, response_headers: int, response_body: int = NONE) ->
     )
 
 
-def common(c: Continue, extra_remove: tuple[str, ...] = ()) -> pb.CommonResponse:
-    """A CommonResponse carrying a Continue's mutations."""
+def common(c: Continue, extra_remove: tuple[str, ...] = (), *, buffered: bool = False) -> pb.CommonResponse:
+    """A CommonResponse carrying a Continue's mutations.
+
+    A replaced buffered body gets its content-length set (Envoy refuses a mismatch); streamed
+    chunks travel chunked and carry none.
+    """
     cr = pb.CommonResponse()
+    if c.body is not None and buffered:
+        c = Continue(c.set_headers + (("content-length", str(len(c.body))),), c.remove_headers, c.body, c.reroute)
     set_names = {k for k, _ in c.set_headers}
     removes = [h for h in (*extra_remove, *c.remove_headers) if h not in set_names]
     if c.set_headers or removes:

@@ -33,6 +33,7 @@ class _Stream:
     kserve: bool = False
     request_body_mode: int = cv.NONE
     response_headers_mode: int = cv.SKIP
+    response_body_mode: int = cv.NONE
     outcome: str = "allowed"
     status: int = 0
 
@@ -104,24 +105,26 @@ class ExtProcServer:
             return self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
         if kind == "request_body":
             d = await self._chain.request_body(ctx, req.request_body.body)
-            return self._after(st, d, lambda c: cv.ProcessingResponse(request_body=cv.pb.BodyResponse(response=c)))
+            return self._after(st, d, lambda c: cv.ProcessingResponse(request_body=cv.pb.BodyResponse(response=c)),
+                               buffered=True)
         if kind == "response_headers":
             return await self._response_headers(req.response_headers, st, ctx)
         if kind == "response_body":
             d = await self._chain.response_chunk(ctx, req.response_body.body, req.response_body.end_of_stream)
-            return self._after(st, d, lambda c: cv.ProcessingResponse(response_body=cv.pb.BodyResponse(response=c)))
+            return self._after(st, d, lambda c: cv.ProcessingResponse(response_body=cv.pb.BodyResponse(response=c)),
+                               buffered=st.response_body_mode == cv.BUFFERED)
         # Trailers or anything newer: we never asked for it, so we do not pass it.
         return self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
 
     def _after(
         self, st: _Stream, d: Decision, wrap: Callable[[cv.pb.CommonResponse], cv.ProcessingResponse],
-        extra_remove: tuple[str, ...] = (),
+        extra_remove: tuple[str, ...] = (), *, buffered: bool = False,
     ) -> cv.ProcessingResponse:
         match d:
             case Deny() | Respond():
                 return self._deny(st, d)
             case Continue():
-                return wrap(cv.common(d, extra_remove))
+                return wrap(cv.common(d, extra_remove, buffered=buffered))
 
     async def _request_headers(self, msg: cv.pb.HttpHeaders, st: _Stream) -> cv.ProcessingResponse:
         headers = cv.headers_to_dict(msg.headers)
@@ -180,6 +183,7 @@ class ExtProcServer:
                     d = d2 if not isinstance(d2, Continue) else d
             else:
                 body_mode = cv.STREAMED if headers.get("content-type", "").startswith("text/event-stream") else cv.BUFFERED
+        st.response_body_mode = body_mode
 
         def wrap(c: cv.pb.CommonResponse) -> cv.ProcessingResponse:
             return cv.ProcessingResponse(
