@@ -1,0 +1,1 @@
+"""Real demo/test upstreams: Triton (from nvidia-pytriton) and llama.cpp's server (xllamacpp)."""
