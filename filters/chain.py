@@ -52,6 +52,8 @@ def available() -> list[str]:
 
 def build(names: Sequence[str], env: BuildEnv) -> Chain:
     """Build a chain from filter names (unknown names are an error, never skipped)."""
+    for mod in env.settings.filter_modules:
+        importlib.import_module(mod)
     known = available()
     filters: list[Filter] = []
     for n in names:

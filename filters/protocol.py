@@ -76,6 +76,8 @@ class ProtocolParser(BaseFilter):
             return Deny(413, ErrorCode.BODY_TOO_LARGE, f"request body exceeds {self._max_body} bytes")
         ctx.state[self.name] = st
         if st.op in _BODYLESS_OPS:
+            if (length or "0") != "0" or "transfer-encoding" in ctx.headers:
+                return Deny(400, ErrorCode.INVALID_REQUEST, "this call takes no request body")
             model = st.kpath.model_ref if st.kpath else (ctx.path.split("/", 3)[3] if st.op == _openai.MODEL else None)
             ctx.prompt = Prompt(proto, st.op, model)
         return CONTINUE

@@ -47,6 +47,41 @@ def _cluster(name: str, endpoints: list[tuple[str, int]], *, http2: bool, buffer
     return c
 
 
+# Envoy-generated statuses → (user-safe code, message). Anything else ≥ 400: gateway_error.
+_LOCAL_REPLIES: tuple[tuple[int | None, str, str], ...] = (
+    (413, "body_too_large", "the request body is too large"),
+    (503, "upstream_unavailable", "the model server is unavailable"),
+    (504, "gateway_timeout", "the gateway timed out"),
+    (None, "gateway_error", "the gateway could not complete the request"),
+)
+
+
+def _local_reply_mappers() -> list[dict[str, Any]]:
+    mappers: list[dict[str, Any]] = []
+    for status, code, message in _LOCAL_REPLIES:
+        for kserve in (True, False):
+            cond = ["!response.code_details.startsWith('ztgate_')",
+                    f"response.code == {status}" if status else "response.code >= 400"]
+            if kserve:
+                cond.append("request.path.startsWith('/v2')")
+                body: dict[str, Any] = {"error": f"{message} (request id %REQ(X-REQUEST-ID)%)", "code": code}
+            else:
+                body = {"error": {"message": f"{message} (request id %REQ(X-REQUEST-ID)%)",
+                                  "type": "gateway_error", "param": None, "code": code}}
+            body["request_id"] = "%REQ(X-REQUEST-ID)%"
+            mappers.append({
+                "filter": {"extension_filter": {
+                    "name": "envoy.access_loggers.extension_filters.cel",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+                        "expression": " && ".join(cond),
+                    },
+                }},
+                "body_format_override": {"json_format": body},
+            })
+    return mappers
+
+
 def render(settings: Settings, registry: Registry, template: Path = TEMPLATE) -> dict[str, Any]:
     """The complete Envoy bootstrap as a dict."""
     values = {
@@ -70,6 +105,8 @@ def render(settings: Settings, registry: Registry, template: Path = TEMPLATE) ->
         clusters.append(_cluster(cluster_name(name), [(up.host, up.port)], http2=False,
                                  buffer_limit=settings.buffer_limit_bytes))
     doc["static_resources"]["clusters"] = clusters
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["local_reply_config"]["mappers"] = _local_reply_mappers()
     return doc
 
 

@@ -26,6 +26,8 @@ class ErrorCode(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     UPSTREAM_BAD_RESPONSE = "upstream_bad_response"
     GATEWAY_TIMEOUT = "gateway_timeout"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    GATEWAY_ERROR = "gateway_error"
     INTERNAL = "internal_error"
 
 

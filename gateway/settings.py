@@ -33,6 +33,10 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, got {raw!r}") from exc
 
 
+def _list(raw: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in raw.split(",") if x.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a gateway process needs to know that is not policy."""
@@ -56,6 +60,8 @@ class Settings:
     log_level: str = "info"
     filters: tuple[str, ...] = ("principal", "protocol", "route")
     static_upstream: str = ""
+    # Extra modules that register filters (`@register`), imported before the chain is built.
+    filter_modules: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -83,8 +89,9 @@ class Settings:
             buffer_limit_bytes=_int(e, "ZTGATE_BUFFER_LIMIT_BYTES", cls.buffer_limit_bytes),
             state_dir=Path(e.get("ZTGATE_STATE_DIR", str(cls.state_dir))),
             log_level=e.get("ZTGATE_LOG_LEVEL", cls.log_level),
-            filters=tuple(f.strip() for f in e.get("ZTGATE_FILTERS", "").split(",") if f.strip()) or cls.filters,
+            filters=_list(e.get("ZTGATE_FILTERS", "")) or cls.filters,
             static_upstream=e.get("ZTGATE_STATIC_UPSTREAM", ""),
+            filter_modules=_list(e.get("ZTGATE_FILTER_MODULES", "")),
         )
         s.check()
         return s

@@ -1,0 +1,116 @@
+"""What arrives where: routing, version pinning, header ownership, the gateway-answered model list."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.harness import OTHER_TENANT_KEY, ScriptedUpstream
+
+CHAT = {"messages": [{"role": "user", "content": "hello"}]}
+
+
+@pytest.mark.parametrize(
+    ("model", "upstream_model"),
+    [
+        ("llama3-8b", "meta/llama3-8b"),
+        ("llama3-8b@v2.4", "meta/llama3-8b"),
+        ("llama3-8b@v2.4:abc123", "meta/llama3-8b"),
+        ("llama3-8b@v2.3", "llama3-8b-v23"),
+    ],
+)
+def test_openai_model_reference_resolves_and_upstream_gets_its_own_name(
+    client: httpx.Client, openai_up: ScriptedUpstream, model: str, upstream_model: str
+) -> None:
+    r = client.post("/v1/chat/completions", json={"model": model, **CHAT})
+    assert r.status_code == 200, r.text
+    [got] = openai_up.requests
+    assert got.path == "/v1/chat/completions"
+    sent = json.loads(got.body)
+    assert sent["model"] == upstream_model
+    assert sent["messages"] == CHAT["messages"]
+    assert int(got.headers["content-length"]) == len(got.body)
+
+
+@pytest.mark.parametrize("model", ["llama3-8b@v9", "llama3-8b@v2.4:ffff00", "nope", "bad name!", "echo"])
+def test_unknown_version_hash_or_protocol_is_404_and_never_forwarded(
+    client: httpx.Client, openai_up: ScriptedUpstream, kserve_up: ScriptedUpstream, model: str
+) -> None:
+    r = client.post("/v1/chat/completions", json={"model": model, **CHAT})
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "model_not_found"
+    assert openai_up.requests == [] and kserve_up.requests == []
+
+
+def test_gateway_key_and_owned_headers_never_reach_the_upstream(
+    client: httpx.Client, openai_up: ScriptedUpstream, kserve_up: ScriptedUpstream
+) -> None:
+    # A client trying to pick the cluster itself, or to claim an identity.
+    r = client.post("/v1/chat/completions", json={"model": "llama3-8b", **CHAT},
+                    headers={"x-ztgate-upstream": "up_triton", "x-ztgate-user": "root"})
+    assert r.status_code == 200
+    assert kserve_up.requests == []
+    [got] = openai_up.requests
+    assert "authorization" not in got.headers
+    assert not [h for h in got.headers if h.startswith("x-ztgate-")]
+
+
+def test_spoofed_routing_header_does_not_bypass_a_deny(
+    client: httpx.Client, openai_up: ScriptedUpstream
+) -> None:
+    r = client.post("/v1/chat/completions", content=b"{not json", headers={"x-ztgate-upstream": "up_vllm"})
+    assert r.status_code == 400
+    assert openai_up.requests == []
+
+
+@pytest.mark.parametrize(
+    ("path", "upstream_path"),
+    [
+        ("/v2/models/echo/infer", "/v2/models/echo/versions/2/infer"),
+        ("/v2/models/echo@1/infer", "/v2/models/echo/versions/1/infer"),
+        ("/v2/models/echo%401/infer", "/v2/models/echo/versions/1/infer"),
+        ("/v2/models/echo/versions/1/infer", "/v2/models/echo/versions/1/infer"),
+        ("/v2/models/echo/generate", "/v2/models/echo/versions/2/generate"),
+    ],
+)
+def test_kserve_paths_are_rewritten_to_the_registered_version(
+    client: httpx.Client, kserve_up: ScriptedUpstream, path: str, upstream_path: str
+) -> None:
+    body = ({"text_input": "hi"} if path.endswith("generate")
+            else {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]})
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    [got] = kserve_up.requests
+    assert got.path == upstream_path
+
+
+@pytest.mark.parametrize("path", ["/v2/health/ready", "/v2/health/live", "/v2"])
+def test_kserve_server_calls_go_to_the_default_server(client: httpx.Client, kserve_up: ScriptedUpstream,
+                                                      path: str) -> None:
+    assert client.get(path).status_code == 200
+    assert [r.path for r in kserve_up.requests] == [path]
+
+
+def test_model_metadata_and_ready_are_routed_by_version(client: httpx.Client, kserve_up: ScriptedUpstream) -> None:
+    assert client.get("/v2/models/echo@1").status_code == 200
+    assert client.get("/v2/models/echo/ready").status_code == 200
+    assert [r.path for r in kserve_up.requests] == ["/v2/models/echo/versions/1", "/v2/models/echo/versions/2/ready"]
+
+
+def test_model_list_is_answered_by_the_gateway(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    ids = [m["id"] for m in r.json()["data"]]
+    assert ids == ["llama3-8b", "llama3-8b@v2.4", "llama3-8b@v2.3"]
+    assert client.get("/v1/models/llama3-8b@v2.3").json()["id"] == "llama3-8b@v2.3"
+    assert client.get("/v1/models/ghost").status_code == 404
+    assert openai_up.requests == []
+
+
+def test_each_key_is_its_own_principal(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
+    r = client.post("/v1/chat/completions", json={"model": "llama3-8b", **CHAT},
+                    headers={"authorization": f"Bearer {OTHER_TENANT_KEY}"})
+    assert r.status_code == 200
+    assert len(openai_up.requests) == 1

@@ -1,0 +1,212 @@
+"""Test environments: real Envoy + real ext_proc workers (+ real or scripted upstreams), random ports.
+
+Everything starts in dependency order through the same code `ztgate up` uses; logs are dumped only
+when a test fails (see conftest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from gateway.procs import free_port
+from gateway.registry import Registry
+from gateway.settings import Settings
+from gateway.supervisor import Gateway
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "ztg-test-key-0001"
+OTHER_TENANT_KEY = "ztg-test-key-0002"
+
+
+def write_keys(path: Path) -> Path:
+    """A key file with two test principals."""
+    from filters.principal import digest
+
+    path.write_text(yaml.safe_dump({"keys": [
+        {"id": "k1", "sha256": digest(KEY), "user": "alice", "tenant": "acme", "groups": ["dev"]},
+        {"id": "k2", "sha256": digest(OTHER_TENANT_KEY), "user": "bob", "tenant": "globex", "groups": []},
+    ]}))
+    return path
+
+
+@dataclass
+class Recorded:
+    """One request a scripted upstream received."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+Handler = Callable[[Recorded], web.StreamResponse | Any]
+
+
+@dataclass
+class ScriptedUpstream:
+    """An HTTP upstream in a background thread that records what arrived and answers by script.
+
+    It exists to prove what the gateway sent (or did not send) upstream.
+    """
+
+    name: str
+    port: int = field(default_factory=free_port)
+    requests: list[Recorded] = field(default_factory=list)
+    handler: Handler | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _runner: web.AppRunner | None = None
+
+    async def _handle(self, req: web.Request) -> web.StreamResponse:
+        rec = Recorded(req.method, req.path_qs, {k.lower(): v for k, v in req.headers.items()}, await req.read())
+        self.requests.append(rec)
+        if self.handler is None:
+            return web.json_response({"upstream": self.name, "path": req.path})
+        result = self.handler(rec)
+        if asyncio.iscoroutine(result):
+            result = await result
+        if isinstance(result, _Streamed):
+            resp = web.StreamResponse(headers={"content-type": result.content_type})
+            await resp.prepare(req)
+            for chunk in result.chunks:
+                await resp.write(chunk)
+                await asyncio.sleep(result.gap_s)
+            await resp.write_eof()
+            return resp
+        assert isinstance(result, web.StreamResponse)
+        return result
+
+    def start(self) -> ScriptedUpstream:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            self._runner = web.AppRunner(app, access_log=None)
+            loop.run_until_complete(self._runner.setup())
+            loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+            ready.set()
+            loop.run_forever()
+            loop.close()
+
+        threading.Thread(target=run, daemon=True, name=f"upstream-{self.name}").start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop and self._runner:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(5)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+@dataclass
+class _Streamed:
+    chunks: list[bytes]
+    content_type: str = "text/event-stream"
+    gap_s: float = 0.0
+
+
+def streamed(chunks: list[bytes], content_type: str = "text/event-stream", gap_s: float = 0.0) -> _Streamed:
+    """A scripted answer sent as these exact body chunks."""
+    return _Streamed(chunks, content_type, gap_s)
+
+
+def json_answer(doc: Any, status: int = 200) -> web.Response:
+    """A scripted JSON answer."""
+    return web.Response(body=json.dumps(doc).encode(), status=status, content_type="application/json")
+
+
+@dataclass
+class GatewayEnv:
+    """A running gateway for tests."""
+
+    gw: Gateway
+    url: str
+
+    @property
+    def settings(self) -> Settings:
+        return self.gw.settings
+
+    def logs(self) -> str:
+        out = []
+        for p in self.gw.procs:
+            out.append(f"===== {p.name} ({p.log_path}) =====\n{p.log_tail(60)}")
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        from gateway.procs import stop_all
+
+        stop_all(self.gw.procs)
+
+
+def start_gateway(
+    tmp: Path,
+    registry: dict[str, Any],
+    *,
+    workers: int = 2,
+    env: dict[str, str] | None = None,
+    demo_upstreams: bool = False,
+) -> GatewayEnv:
+    """Start workers and Envoy (and the demo upstreams if asked) on random loopback ports."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    reg_path = tmp / "registry.yaml"
+    reg_path.write_text(yaml.safe_dump(registry))
+    extra = {
+        "ZTGATE_REGISTRY_FILE": str(reg_path),
+        "ZTGATE_KEYS_FILE": str(write_keys(tmp / "keys.yaml")),
+        "ZTGATE_LISTEN_PORT": str(free_port()),
+        "ZTGATE_ADMIN_PORT": str(free_port()),
+        "ZTGATE_ENVOY_ADMIN_PORT": str(free_port()),
+        "ZTGATE_WORKER_PORTS": ",".join(str(free_port()) for _ in range(workers)),
+        "ZTGATE_STATE_DIR": str(ROOT / ".cache" / "ztgate"),
+        "PYTHONPATH": str(ROOT),
+        **(env or {}),
+    }
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        settings = Settings.from_env()
+        gw = Gateway(settings, Registry.load(reg_path), tmp / "run")
+        gw.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if demo_upstreams:
+                gw.start_demo_upstreams()
+            gw.start_gateway()
+        except BaseException:
+            from gateway.procs import stop_all
+
+            stop_all(gw.procs)
+            raise
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return GatewayEnv(gw, f"http://127.0.0.1:{settings.listen_port}")
+
+
+def registry_for(upstreams: dict[str, tuple[str, int]], models: dict[str, Any],
+                 server_default: dict[str, str] | None = None) -> dict[str, Any]:
+    """A registry document from (protocol, port) upstreams and model specs."""
+    return {
+        "upstreams": {n: {"protocol": p, "host": "127.0.0.1", "port": port} for n, (p, port) in upstreams.items()},
+        "models": models,
+        "server_default": server_default or {},
+    }
+
+
+def iter_lines(resp: Any) -> Iterator[str]:
+    """Text lines of a streamed httpx response."""
+    yield from resp.iter_lines()
