@@ -1,0 +1,75 @@
+"""Answers on their way back: streamed byte for byte, unreadable ones refused, upstream errors kept."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import httpx
+import pytest
+from aiohttp import web
+
+from tests.harness import ScriptedUpstream, json_answer, streamed
+
+CHAT = {"model": "llama3-8b", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _sse(docs: list[object]) -> bytes:
+    return b"".join(b"data: " + json.dumps(d, ensure_ascii=False).encode() + b"\n\n" for d in docs) + b"data: [DONE]\n\n"
+
+
+def _split(raw: bytes, rng: random.Random) -> list[bytes]:
+    cuts = sorted(rng.sample(range(1, len(raw)), 12))
+    return [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sse_stream_arrives_byte_identical_across_odd_chunking(
+    client: httpx.Client, openai_up: ScriptedUpstream, seed: int
+) -> None:
+    deltas = [{"choices": [{"index": 0, "delta": {"content": w}}]} for w in ["Hé", "llo ", "wörld ", "你好"]]
+    deltas += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+               {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 4}}]
+    raw = _sse(deltas)
+    openai_up.handler = lambda _r: streamed(_split(raw, random.Random(seed)))
+    with client.stream("POST", "/v1/chat/completions", json=CHAT) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        got = b"".join(r.iter_raw())
+    assert got == raw
+
+
+def test_unreadable_answer_is_refused(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
+    openai_up.handler = lambda _r: web.Response(body=b"<html>SECRET</html>", content_type="application/json")
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_bad_response"
+    assert b"SECRET" not in r.content
+
+
+def test_unreadable_stream_event_cuts_the_stream(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
+    good = _sse([{"choices": [{"index": 0, "delta": {"content": "ok"}}]}]).removesuffix(b"data: [DONE]\n\n")
+    openai_up.handler = lambda _r: streamed([good, b"data: {SECRET\n\n", b"data: [DONE]\n\n"], gap_s=0.05)
+    received = b""
+    with pytest.raises(httpx.HTTPError), client.stream("POST", "/v1/chat/completions", json=CHAT) as r:  # noqa: PT012
+        for chunk in r.iter_raw():
+            received += chunk
+    assert b"SECRET" not in received
+
+
+def test_upstream_errors_pass_through(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
+    err = {"error": {"message": "context too long", "type": "invalid_request_error", "code": 400}}
+    openai_up.handler = lambda _r: json_answer(err, status=400)
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+    assert r.status_code == 400
+    assert r.json() == err
+
+
+def test_kserve_generate_stream_without_done(client: httpx.Client, kserve_up: ScriptedUpstream) -> None:
+    events = b"".join(b"data: " + json.dumps({"model_name": "echo", "text_output": t}).encode() + b"\n\n"
+                      for t in ["a", " b", " c"])
+    kserve_up.handler = lambda _r: streamed(_split(events, random.Random(7)))
+    with client.stream("POST", "/v2/models/echo/generate_stream", json={"text_input": "x"}) as r:
+        assert r.status_code == 200
+        assert b"".join(r.iter_raw()) == events
+    assert kserve_up.requests[0].path == "/v2/models/echo/versions/2/generate_stream"
