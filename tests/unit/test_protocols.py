@@ -1,0 +1,162 @@
+"""Request validation and text extraction, as (input, expected) tables."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from filters import _kserve, _openai
+from filters._protocols import Answer, ProtocolError, strict_json
+from gateway.errors import ErrorCode
+
+
+def _chat(**kw: object) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}).encode()
+
+
+def test_chat_segments_cover_every_role_tool_calls_and_tool_specs() -> None:
+    body = json.dumps({
+        "model": "m@v1",
+        "stream": True,
+        "messages": [
+            {"role": "system", "content": "be nice"},
+            {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "two"}]},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"q\": 1}"}}]},
+            {"role": "tool", "content": "tool said"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "description": "looks things up"}}],
+    }).encode()
+    p = _openai.parse_request(_openai.CHAT, body)
+    assert p.model_ref == "m@v1" and p.stream
+    assert [(s.role, s.text) for s in p.segments] == [
+        ("system", "be nice"), ("user", "part one\ntwo"), ("assistant", '{"q": 1}'), ("tool", "tool said"),
+        ("tool_spec", "looks things up"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"{", ErrorCode.INVALID_JSON),
+        (b'{"a": 1, "a": 2}', ErrorCode.INVALID_JSON),
+        (b'{"a": Infinity}', ErrorCode.INVALID_JSON),
+        (b"\xc3\x28", ErrorCode.INVALID_ENCODING),
+        (b"[" * 100_000, ErrorCode.INVALID_JSON),
+    ],
+)
+def test_strict_json_refuses(body: bytes, code: ErrorCode) -> None:
+    with pytest.raises(ProtocolError) as e:
+        strict_json(body)
+    assert e.value.code == code and e.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        _chat(model=""), _chat(model=None), _chat(stream=1), _chat(stream_options=[]), _chat(tools={}),
+        _chat(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}]),
+        _chat(messages=[{"role": "user", "content": [{"text": "no type"}]}]),
+        _chat(messages=[{"role": "assistant", "tool_calls": [{"function": {"arguments": {}}}]}]),
+        _chat(messages=[{"role": "user", "content": "\ud800"}]),
+    ],
+)
+def test_openai_wrong_types(body: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        _openai.parse_request(_openai.CHAT, body)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "op"),
+    [("POST", "/v1/chat/completions", _openai.CHAT), ("POST", "/v1/completions", _openai.COMPLETION),
+     ("GET", "/v1/models", _openai.MODELS), ("GET", "/v1/models/x@1", _openai.MODEL)],
+)
+def test_openai_operations(method: str, path: str, op: str) -> None:
+    assert _openai.operation_for(method, path) == op
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "op", "ref"),
+    [
+        ("GET", "/v2", _kserve.SERVER, None),
+        ("GET", "/v2/health/ready", _kserve.HEALTH, None),
+        ("GET", "/v2/models/m", _kserve.MODEL_METADATA, "m"),
+        ("GET", "/v2/models/m/versions/3/ready", _kserve.MODEL_READY, "m@3"),
+        ("POST", "/v2/models/m%403/infer", _kserve.INFER, "m@3"),
+        ("POST", "/v2/models/m/generate_stream", _kserve.GENERATE_STREAM, "m"),
+    ],
+)
+def test_kserve_paths(method: str, path: str, op: str, ref: str | None) -> None:
+    kp = _kserve.parse_path(method, path)
+    assert (kp.op, kp.model_ref) == (op, ref)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("POST", "/v2/repository/models/m/load", 403), ("GET", "/v2/models/m/infer", 405),
+     ("GET", "/v2/models", 404), ("GET", "/v2/models//infer", 404), ("GET", "/v2/health/other", 404)],
+)
+def test_kserve_bad_paths(method: str, path: str, status: int) -> None:
+    with pytest.raises(ProtocolError) as e:
+        _kserve.parse_path(method, path)
+    assert e.value.status == status
+
+
+def _bytes_tensor(*items: str) -> bytes:
+    return b"".join(struct.pack("<I", len(b)) + b for b in (i.encode() for i in items))
+
+
+def test_kserve_infer_json_and_binary_inputs() -> None:
+    data = _bytes_tensor("héllo", "二")
+    header = json.dumps({"inputs": [
+        {"name": "a", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}},
+        {"name": "b", "shape": [1, 1], "datatype": "BYTES", "data": [["plain"]]},
+    ]}).encode()
+    p = _kserve.parse_request(_kserve.KPath(_kserve.INFER, "m"), header + data, str(len(header)))
+    assert [(s.role, s.text) for s in p.segments] == [("input:a", "héllo"), ("input:a", "二"), ("input:b", "plain")]
+
+
+_JSON_ONLY = b'{"inputs": [{"name": "a", "datatype": "BYTES", "data": ["x"]}]}'
+
+
+@pytest.mark.parametrize(
+    ("body", "header_length"),
+    [
+        (b'{"inputs": [{"name": "a", "datatype": "BYTES", "parameters": {"binary_data_size": 3}}]}', None),
+        (b"{}", "9999"),
+        (_JSON_ONLY + b"extra", str(len(_JSON_ONLY))),
+    ],
+)
+def test_kserve_binary_mismatches(body: bytes, header_length: str | None) -> None:
+    with pytest.raises(ProtocolError):
+        _kserve.parse_request(_kserve.KPath(_kserve.INFER, "m"), body, header_length)
+
+
+def test_truncated_bytes_element() -> None:
+    with pytest.raises(ProtocolError):
+        _kserve.decode_bytes_tensor(struct.pack("<I", 10) + b"abc", "x")
+
+
+def test_kserve_generate_fields() -> None:
+    p = _kserve.parse_request(_kserve.KPath(_kserve.GENERATE, "m"),
+                              b'{"text_input": "q", "docs": ["d1", "d2"], "max_tokens": 5, "parameters": {"t": 1}}',
+                              None)
+    assert [s.text for s in p.segments] == ["q", "d1", "d2"]
+
+
+def test_kserve_infer_answer_with_binary_outputs() -> None:
+    data = _bytes_tensor("out1")
+    header = json.dumps({"outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [1],
+                                      "parameters": {"binary_data_size": len(data)}},
+                                     {"name": "logits", "datatype": "FP32", "shape": [1], "data": [0.5]}]}).encode()
+    a = Answer()
+    _kserve.answer_from_body(_kserve.INFER, header + data, str(len(header)), a)
+    assert a.text(0) == "out1" and a.done
+
+
+def test_kserve_generate_answer_error_with_200() -> None:
+    a = Answer()
+    _kserve.answer_from_body(_kserve.GENERATE, b'{"error": "decoupled model"}', None, a)
+    assert a.upstream_error

@@ -1,0 +1,190 @@
+"""Registry resolution, key store, chain folding, settings and Envoy config rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from filters.base import CONTINUE, BaseFilter, Continue, Decision, Deny, Phase, RequestContext
+from filters.chain import Chain, available, build, BuildEnv
+from filters.principal import ApiKeyPrincipal, KeyFileError, KeyStore, digest, new_key
+from gateway import envoy_config
+from gateway.registry import Protocol, Registry, RegistryError, parse_ref
+from gateway.settings import Settings
+
+REG = """
+upstreams:
+  a: {protocol: openai, host: 127.0.0.1, port: 1000}
+  t: {protocol: kserve_v2, host: 127.0.0.1, port: 2000}
+models:
+  llama3-8b:
+    latest: v2.4
+    versions:
+      v2.4: {upstream: a, hash: abc123ff}
+      v2.3: {upstream: a, upstream_model: old}
+  echo:
+    latest: "2"
+    versions: {"1": {upstream: t, upstream_version: "1"}, "2": {upstream: t, upstream_version: "2"}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("ref", "parsed"),
+    [("llama3-8b@v2.4:abc123", ("llama3-8b", "v2.4", "abc123")), ("m", ("m", None, None)),
+     ("m@1", ("m", "1", None)), ("m:ABCD", ("m", None, "abcd"))],
+)
+def test_parse_ref(ref: str, parsed: tuple[str, str | None, str | None]) -> None:
+    r = parse_ref(ref)
+    assert r is not None and (r.name, r.version, r.hash) == parsed
+
+
+@pytest.mark.parametrize("ref", ["", "@1", "m@", "m:xyz", "a b", "m@1@2", "../x"])
+def test_parse_ref_rejects(ref: str) -> None:
+    assert parse_ref(ref) is None
+
+
+@pytest.mark.parametrize(
+    ("ref", "proto", "expect"),
+    [
+        ("llama3-8b", Protocol.OPENAI, ("up_a", "v2.4", "llama3-8b")),
+        ("llama3-8b@v2.3", Protocol.OPENAI, ("up_a", "v2.3", "old")),
+        ("llama3-8b:abc1", Protocol.OPENAI, ("up_a", "v2.4", "llama3-8b")),
+        ("llama3-8b@v2.3:abc1", Protocol.OPENAI, None),  # no hash registered for v2.3
+        ("llama3-8b:dead", Protocol.OPENAI, None),
+        ("llama3-8b", Protocol.KSERVE_V2, None),
+        ("echo", Protocol.KSERVE_V2, ("up_t", "2", "echo")),
+        ("ghost", Protocol.OPENAI, None),
+    ],
+)
+def test_resolve(ref: str, proto: Protocol, expect: tuple[str, str, str] | None) -> None:
+    reg = Registry.from_yaml(REG)
+    pr = parse_ref(ref)
+    assert pr is not None
+    route = reg.resolve(pr, proto)
+    assert (None if route is None else (route.cluster, route.version, route.upstream_model)) == expect
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["models"]["echo"].update(latest="9"), "latest version '9'"),
+        (lambda d: d["models"]["echo"]["versions"]["1"].update(upstream="nope"), "unknown upstream 'nope'"),
+        (lambda d: d["upstreams"]["a"].update(port=70000), "upstreams.a.port"),
+        (lambda d: d["upstreams"]["a"].update(protocol="grpc"), "upstreams.a.protocol"),
+        (lambda d: d.update(extra=1), "extra"),
+        (lambda d: d.update(server_default={"kserve_v2": "a"}), "speaks openai"),
+    ],
+)
+def test_invalid_registries(mutate: object, message: str) -> None:
+    doc = yaml.safe_load(REG)
+    mutate(doc)  # type: ignore[operator]
+    with pytest.raises(RegistryError, match=message):
+        Registry.from_yaml(yaml.safe_dump(doc))
+
+
+def test_registry_yaml_error_is_readable() -> None:
+    with pytest.raises(RegistryError, match="not valid YAML"):
+        Registry.from_yaml("a: [")
+
+
+def _ctx(headers: dict[str, str]) -> RequestContext:
+    return RequestContext("rid", "POST", "/v1/chat/completions", headers, Registry.from_yaml(REG))
+
+
+async def test_principal_from_hashed_keys(tmp_path: Path) -> None:
+    key = new_key()
+    f = tmp_path / "keys.yaml"
+    f.write_text(yaml.safe_dump({"keys": [{"id": "k", "sha256": digest(key), "user": "u", "tenant": "t",
+                                           "groups": ["g"]}]}))
+    filt = ApiKeyPrincipal(KeyStore.load(f))
+    ctx = _ctx({"authorization": f"Bearer {key}"})
+    d = await filt.on_request_headers(ctx)
+    assert d == Continue(remove_headers=("authorization",))
+    assert ctx.principal is not None and (ctx.principal.user, ctx.principal.tenant) == ("u", "t")
+    denied = await filt.on_request_headers(_ctx({"authorization": f"Bearer {key}x"}))
+    assert isinstance(denied, Deny) and denied.status == 401
+    assert key not in f.read_text()
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [{"keys": [{"id": "k", "sha256": "ABC", "user": "u", "tenant": "t"}]},
+     {"keys": [{"id": "k", "sha256": "a" * 64, "user": "u", "tenant": "t", "admin": True}]},
+     {"keys": [{"id": "k", "sha256": "a" * 64, "user": "u", "tenant": "t"}] * 2}],
+)
+def test_bad_key_files(tmp_path: Path, keys: object) -> None:
+    f = tmp_path / "k.yaml"
+    f.write_text(yaml.safe_dump(keys))
+    with pytest.raises(KeyFileError):
+        KeyStore.load(f)
+
+
+class _Set(BaseFilter):
+    name = "set"
+    phases = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY
+
+    async def on_request_headers(self, ctx: RequestContext) -> Decision:
+        return Continue(set_headers=(("x-a", "1"),))
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        return Continue(body=body.upper())
+
+
+class _Deny(BaseFilter):
+    name = "deny"
+    phases = Phase.REQUEST_BODY
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        return Deny(403, "x", "no") if b"BAD" in body else CONTINUE
+
+
+class _Never(BaseFilter):
+    name = "never"
+    phases = Phase.REQUEST_BODY
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        raise AssertionError("must not run after a deny")
+
+
+async def test_chain_folds_in_order_and_stops_at_deny() -> None:
+    chain = Chain([_Set(), _Deny(), _Never()])
+    ctx = _ctx({})
+    assert await chain.request_headers(ctx) == Continue(set_headers=(("x-a", "1"),))
+    assert await chain.request_body(ctx, b"bad") == Deny(403, "x", "no")
+    assert [(v.filter, v.action) for v in ctx.verdicts] == [("set", "mutate"), ("set", "mutate"), ("deny", "deny")]
+
+
+def test_unknown_filter_is_an_error() -> None:
+    assert {"principal", "protocol", "route", "static_route"} <= set(available())
+    with pytest.raises(ValueError, match="unknown filter 'nope'"):
+        build(["nope"], BuildEnv(Settings()))
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [({"ZTGATE_PHASE_BUDGET_S": "3", "ZTGATE_MESSAGE_TIMEOUT_S": "2"}, "message timeout"),
+     ({"ZTGATE_LISTEN_PORT": "eighty"}, "integer"),
+     ({"ZTGATE_MAX_REQUEST_BODY_BYTES": str(64 << 20)}, "buffer limit")],
+)
+def test_settings_refuse_unsafe_combinations(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings.from_env(env)
+
+
+def test_envoy_config_is_fail_closed_and_lists_every_worker() -> None:
+    s = Settings(worker_ports=(1, 2, 3))
+    doc = envoy_config.render(s, Registry.from_yaml(REG))
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext = hcm["http_filters"][0]["typed_config"]
+    assert ext["failure_mode_allow"] is False
+    assert float(ext["message_timeout"].rstrip("s")) > s.phase_budget_s
+    assert ext["allow_mode_override"] is True
+    clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
+    assert set(clusters) == {"ztgate_extproc", "up_a", "up_t"}
+    ports = [e["endpoint"]["address"]["socket_address"]["port_value"]
+             for e in clusters["ztgate_extproc"]["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert ports == [1, 2, 3]
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert routes[-1]["direct_response"]["status"] == 403
