@@ -27,11 +27,22 @@ GENERATE = "generate"
 GENERATE_STREAM = "generate_stream"
 
 _POST_OPS = frozenset({INFER, GENERATE, GENERATE_STREAM})
-_MODEL_SUFFIX = {"": MODEL_METADATA, "ready": MODEL_READY, "config": MODEL_CONFIG,
-                 "infer": INFER, "generate": GENERATE, "generate_stream": GENERATE_STREAM}
+_MODEL_SUFFIX = {
+    "": MODEL_METADATA,
+    "ready": MODEL_READY,
+    "config": MODEL_CONFIG,
+    "infer": INFER,
+    "generate": GENERATE,
+    "generate_stream": GENERATE_STREAM,
+}
 # Administrative Triton APIs are never exposed through the gateway.
-_FORBIDDEN_PREFIXES = ("/v2/repository", "/v2/systemsharedmemory", "/v2/cudasharedmemory",
-                       "/v2/logging", "/v2/trace")
+_FORBIDDEN_PREFIXES = (
+    "/v2/repository",
+    "/v2/systemsharedmemory",
+    "/v2/cudasharedmemory",
+    "/v2/logging",
+    "/v2/trace",
+)
 HEADER_LENGTH = "inference-header-content-length"
 
 
@@ -75,8 +86,14 @@ def parse_path(method: str, path: str) -> KPath:
 def upstream_path(kp: KPath, model: str, version: str | None) -> str:
     """The path to send upstream for a model call, with the registry's name and version."""
     base = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
-    suffix = {MODEL_METADATA: "", MODEL_READY: "/ready", MODEL_CONFIG: "/config", INFER: "/infer",
-              GENERATE: "/generate", GENERATE_STREAM: "/generate_stream"}[kp.op]
+    suffix = {
+        MODEL_METADATA: "",
+        MODEL_READY: "/ready",
+        MODEL_CONFIG: "/config",
+        INFER: "/infer",
+        GENERATE: "/generate",
+        GENERATE_STREAM: "/generate_stream",
+    }[kp.op]
     return base + suffix
 
 
@@ -123,7 +140,9 @@ def _flatten_strings(data: Any, where: str) -> list[str]:
     raise bad(f"{where}: BYTES data must be strings")
 
 
-def _tensors(entries: Any, binary: bytes, where: str, *, strict: bool) -> tuple[list[tuple[str, list[str]]], int]:
+def _tensors(
+    entries: Any, binary: bytes, where: str, *, strict: bool
+) -> tuple[list[tuple[str, list[str]]], int]:
     """(name, strings) for each BYTES tensor, and how many binary bytes were consumed."""
     if not isinstance(entries, list):
         raise bad(f"'{where}' must be an array")
@@ -135,7 +154,9 @@ def _tensors(entries: Any, binary: bytes, where: str, *, strict: bool) -> tuple[
         if t.get("datatype") != "BYTES":
             if strict:
                 # Non-text tensors (token ids, embeddings) cannot be checked: refuse them.
-                raise bad(f"{where}[{i}]: only BYTES (text) tensors are accepted", ErrorCode.UNSUPPORTED_CONTENT)
+                raise bad(
+                    f"{where}[{i}]: only BYTES (text) tensors are accepted", ErrorCode.UNSUPPORTED_CONTENT
+                )
             continue
         params = t.get("parameters") or {}
         if not isinstance(params, dict):
@@ -208,7 +229,9 @@ def answer_from_body(op: str, body: bytes, header_length: str | None, answer: An
         try:
             tensors, _ = _tensors(doc.get("outputs", []), binary, "outputs", strict=False)
         except ProtocolError as exc:
-            raise ProtocolError(502, ErrorCode.UPSTREAM_BAD_RESPONSE, f"upstream answer: {exc.message}") from None
+            raise ProtocolError(
+                502, ErrorCode.UPSTREAM_BAD_RESPONSE, f"upstream answer: {exc.message}"
+            ) from None
         for i, (_, strings) in enumerate(tensors):
             answer.add(i, "\n".join(strings))
     elif op == GENERATE:

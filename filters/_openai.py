@@ -47,8 +47,10 @@ def _text_of_content(content: Any, where: str) -> str:
                 raise bad(f"{where}[{i}] must be an object with a string 'type'")
             if part["type"] != "text":
                 # Images, audio and files cannot be inspected here: refuse rather than forward unchecked.
-                raise bad(f"{where}[{i}]: content type {part['type']!r} is not supported",
-                          ErrorCode.UNSUPPORTED_CONTENT)
+                raise bad(
+                    f"{where}[{i}]: content type {part['type']!r} is not supported",
+                    ErrorCode.UNSUPPORTED_CONTENT,
+                )
             if not isinstance(part.get("text"), str):
                 raise bad(f"{where}[{i}].text must be a string")
             texts.append(check_text(part["text"], where))

@@ -113,7 +113,9 @@ def check_text(value: str, where: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ProtocolError(400, ErrorCode.INVALID_ENCODING, f"{where} contains an invalid character") from None
+        raise ProtocolError(
+            400, ErrorCode.INVALID_ENCODING, f"{where} contains an invalid character"
+        ) from None
     return value
 
 

@@ -115,7 +115,11 @@ class Chain:
         return [f.name for f in self.filters]
 
     async def _fold(
-        self, ctx: RequestContext, phase: Phase, label: str, call: Callable[[Filter, bytes | None], Awaitable[Decision]],
+        self,
+        ctx: RequestContext,
+        phase: Phase,
+        label: str,
+        call: Callable[[Filter, bytes | None], Awaitable[Decision]],
         body: bytes | None = None,
     ) -> Decision:
         acc: Continue = CONTINUE
@@ -139,23 +143,38 @@ class Chain:
 
     async def request_headers(self, ctx: RequestContext) -> Decision:
         """Run every filter's on_request_headers."""
-        return await self._fold(ctx, Phase.REQUEST_HEADERS, "request_headers",
-                                lambda f, _b: f.on_request_headers(ctx))
+        return await self._fold(
+            ctx, Phase.REQUEST_HEADERS, "request_headers", lambda f, _b: f.on_request_headers(ctx)
+        )
 
     async def request_body(self, ctx: RequestContext, body: bytes) -> Decision:
         """Run every filter's on_request_body; each sees the body as earlier filters left it."""
-        return await self._fold(ctx, Phase.REQUEST_BODY, "request_body",
-                                lambda f, b: f.on_request_body(ctx, b if b is not None else body), body)
+        return await self._fold(
+            ctx,
+            Phase.REQUEST_BODY,
+            "request_body",
+            lambda f, b: f.on_request_body(ctx, b if b is not None else body),
+            body,
+        )
 
     async def response_headers(self, ctx: RequestContext) -> Decision:
         """Run every filter's on_response_headers."""
-        return await self._fold(ctx, Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY, "response_headers",
-                                lambda f, _b: f.on_response_headers(ctx))
+        return await self._fold(
+            ctx,
+            Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY,
+            "response_headers",
+            lambda f, _b: f.on_response_headers(ctx),
+        )
 
     async def response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
         """Run every filter's on_response_chunk on one body chunk."""
-        return await self._fold(ctx, Phase.RESPONSE_BODY, "response_body",
-                                lambda f, b: f.on_response_chunk(ctx, b if b is not None else chunk, end), chunk)
+        return await self._fold(
+            ctx,
+            Phase.RESPONSE_BODY,
+            "response_body",
+            lambda f, b: f.on_response_chunk(ctx, b if b is not None else chunk, end),
+            chunk,
+        )
 
     async def end(self, ctx: RequestContext) -> None:
         """Every filter's on_end, whatever happened; one failing does not skip the others."""

@@ -19,8 +19,17 @@ from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
 from gateway.registry import Protocol
 
-_BODYLESS_OPS = frozenset({_openai.MODELS, _openai.MODEL, _kserve.SERVER, _kserve.HEALTH,
-                           _kserve.MODEL_METADATA, _kserve.MODEL_READY, _kserve.MODEL_CONFIG})
+_BODYLESS_OPS = frozenset(
+    {
+        _openai.MODELS,
+        _openai.MODEL,
+        _kserve.SERVER,
+        _kserve.HEALTH,
+        _kserve.MODEL_METADATA,
+        _kserve.MODEL_READY,
+        _kserve.MODEL_CONFIG,
+    }
+)
 
 
 @dataclass(slots=True)
@@ -78,7 +87,11 @@ class ProtocolParser(BaseFilter):
         if st.op in _BODYLESS_OPS:
             if (length or "0") != "0" or "transfer-encoding" in ctx.headers:
                 return Deny(400, ErrorCode.INVALID_REQUEST, "this call takes no request body")
-            model = st.kpath.model_ref if st.kpath else (ctx.path.split("/", 3)[3] if st.op == _openai.MODEL else None)
+            model = (
+                st.kpath.model_ref
+                if st.kpath
+                else (ctx.path.split("/", 3)[3] if st.op == _openai.MODEL else None)
+            )
             ctx.prompt = Prompt(proto, st.op, model)
         return CONTINUE
 
@@ -95,9 +108,10 @@ class ProtocolParser(BaseFilter):
         try:
             if st.protocol is Protocol.OPENAI:
                 ctx.prompt = _openai.parse_request(st.op, body)
-            else:
-                assert st.kpath is not None
+            elif st.kpath is not None:
                 ctx.prompt = _kserve.parse_request(st.kpath, body, ctx.headers.get(_kserve.HEADER_LENGTH))
+            else:
+                return Deny(500, ErrorCode.INTERNAL, "internal error")
         except ProtocolError as exc:
             return self._deny(exc)
         return CONTINUE
@@ -132,10 +146,13 @@ class ProtocolParser(BaseFilter):
                     if st.protocol is Protocol.OPENAI:
                         _openai.answer_from_json(st.op, body, ctx.answer)
                     else:
-                        _kserve.answer_from_body(st.op, body, ctx.response_headers.get(_kserve.HEADER_LENGTH),
-                                                 ctx.answer)
+                        _kserve.answer_from_body(
+                            st.op, body, ctx.response_headers.get(_kserve.HEADER_LENGTH), ctx.answer
+                        )
         except (ProtocolError, SSEError):
-            return Deny(502, ErrorCode.UPSTREAM_BAD_RESPONSE, "the upstream sent an answer the gateway cannot read")
+            return Deny(
+                502, ErrorCode.UPSTREAM_BAD_RESPONSE, "the upstream sent an answer the gateway cannot read"
+            )
         return CONTINUE
 
 

@@ -74,8 +74,9 @@ class RegistryRoute(BaseFilter):
                 doc["model"] = route.upstream_model
                 body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
         else:
-            path = _kserve.upstream_path(_kserve.KPath(p.operation, p.model_ref), route.upstream_model,
-                                         route.upstream_version)
+            path = _kserve.upstream_path(
+                _kserve.KPath(p.operation, p.model_ref), route.upstream_model, route.upstream_version
+            )
             headers += ((":path", path + (f"?{ctx.query}" if ctx.query else "")),)
         return Continue(set_headers=headers, body=body, reroute=True)
 

@@ -12,7 +12,7 @@ def _up(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
     from gateway.supervisor import up
 
-    return up(Settings.from_env(), demo=not args.no_demo)
+    return up(Settings.from_env(), demo=not args.no_demo, envoy=not args.no_envoy)
 
 
 def _envoy_config(args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
     else:
-        print(text)  # noqa: T201
+        print(text)
     return 0
 
 
@@ -36,10 +36,15 @@ def _keys_new(args: argparse.Namespace) -> int:
     from filters.principal import digest, new_key
 
     key = new_key()
-    entry = {"id": args.id or args.user, "sha256": digest(key), "user": args.user, "tenant": args.tenant,
-             "groups": [g for g in (args.groups or "").split(",") if g]}
-    print(f"API key (shown once, give it to {args.user}): {key}", file=sys.stderr)  # noqa: T201
-    print(yaml.safe_dump([entry], sort_keys=False, allow_unicode=True), end="")  # noqa: T201
+    entry = {
+        "id": args.id or args.user,
+        "sha256": digest(key),
+        "user": args.user,
+        "tenant": args.tenant,
+        "groups": [g for g in (args.groups or "").split(",") if g],
+    }
+    print(f"API key (shown once, give it to {args.user}): {key}", file=sys.stderr)
+    print(yaml.safe_dump([entry], sort_keys=False, allow_unicode=True), end="")
     return 0
 
 
@@ -49,9 +54,9 @@ def _registry_check(args: argparse.Namespace) -> int:
     try:
         reg = Registry.load(Path(args.file))
     except RegistryError as exc:
-        print(exc, file=sys.stderr)  # noqa: T201
+        print(exc, file=sys.stderr)
         return 1
-    print(f"{args.file}: ok, revision {reg.revision}, {len(reg.spec.models)} models")  # noqa: T201
+    print(f"{args.file}: ok, revision {reg.revision}, {len(reg.spec.models)} models")
     return 0
 
 
@@ -60,7 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ztgate", description="Zero-trust gateway for self-hosted LLMs")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("up", help="run the gateway in the foreground (with demo upstreams unless --no-demo)")
-    s.add_argument("--no-demo", action="store_true", help="do not start the demo Triton and llama.cpp upstreams")
+    s.add_argument(
+        "--no-demo", action="store_true", help="do not start the demo Triton and llama.cpp upstreams"
+    )
+    s.add_argument(
+        "--no-envoy",
+        action="store_true",
+        help="run only the ext_proc workers and admin (Envoy runs in its own container)",
+    )
     s.set_defaults(fn=_up)
     s = sub.add_parser("envoy-config", help="print the rendered Envoy bootstrap (for compose and debugging)")
     s.add_argument("--out", help="write to this file instead of stdout")

@@ -24,14 +24,19 @@ def _endpoint(host: str, port: int) -> dict[str, Any]:
     return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
 
 
-def _cluster(name: str, endpoints: list[tuple[str, int]], *, http2: bool, buffer_limit: int) -> dict[str, Any]:
+def _cluster(
+    name: str, endpoints: list[tuple[str, int]], *, http2: bool, buffer_limit: int
+) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": name,
         "type": "STRICT_DNS",
         "connect_timeout": "2s",
         "lb_policy": "ROUND_ROBIN",
         "per_connection_buffer_limit_bytes": buffer_limit,
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [_endpoint(h, p) for h, p in endpoints]}]},
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [_endpoint(h, p) for h, p in endpoints]}],
+        },
     }
     if http2:
         c["typed_extension_protocol_options"] = {
@@ -41,9 +46,13 @@ def _cluster(name: str, endpoints: list[tuple[str, int]], *, http2: bool, buffer
             }
         }
         # A dead worker is taken out of rotation rather than failing every other request.
-        c["outlier_detection"] = {"consecutive_gateway_failure": 3, "consecutive_local_origin_failure": 3,
-                                  "split_external_local_origin_errors": True, "base_ejection_time": "2s",
-                                  "max_ejection_percent": 50}
+        c["outlier_detection"] = {
+            "consecutive_gateway_failure": 3,
+            "consecutive_local_origin_failure": 3,
+            "split_external_local_origin_errors": True,
+            "base_ejection_time": "2s",
+            "max_ejection_percent": 50,
+        }
     return c
 
 
@@ -60,25 +69,37 @@ def _local_reply_mappers() -> list[dict[str, Any]]:
     mappers: list[dict[str, Any]] = []
     for status, code, message in _LOCAL_REPLIES:
         for kserve in (True, False):
-            cond = ["!response.code_details.startsWith('ztgate_')",
-                    f"response.code == {status}" if status else "response.code >= 400"]
+            cond = [
+                "!response.code_details.startsWith('ztgate_')",
+                f"response.code == {status}" if status else "response.code >= 400",
+            ]
             if kserve:
                 cond.append("request.path.startsWith('/v2')")
                 body: dict[str, Any] = {"error": f"{message} (request id %REQ(X-REQUEST-ID)%)", "code": code}
             else:
-                body = {"error": {"message": f"{message} (request id %REQ(X-REQUEST-ID)%)",
-                                  "type": "gateway_error", "param": None, "code": code}}
+                body = {
+                    "error": {
+                        "message": f"{message} (request id %REQ(X-REQUEST-ID)%)",
+                        "type": "gateway_error",
+                        "param": None,
+                        "code": code,
+                    }
+                }
             body["request_id"] = "%REQ(X-REQUEST-ID)%"
-            mappers.append({
-                "filter": {"extension_filter": {
-                    "name": "envoy.access_loggers.extension_filters.cel",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
-                        "expression": " && ".join(cond),
+            mappers.append(
+                {
+                    "filter": {
+                        "extension_filter": {
+                            "name": "envoy.access_loggers.extension_filters.cel",
+                            "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+                                "expression": " && ".join(cond),
+                            },
+                        }
                     },
-                }},
-                "body_format_override": {"json_format": body},
-            })
+                    "body_format_override": {"json_format": body},
+                }
+            )
     return mappers
 
 
@@ -98,12 +119,22 @@ def render(settings: Settings, registry: Registry, template: Path = TEMPLATE) ->
     text = string.Template(template.read_text(encoding="utf-8")).substitute(values)
     doc: dict[str, Any] = yaml.safe_load(text)
     clusters = [
-        _cluster(EXTPROC_CLUSTER, [(settings.worker_host, p) for p in settings.worker_ports], http2=True,
-                 buffer_limit=settings.buffer_limit_bytes * 2)
+        _cluster(
+            EXTPROC_CLUSTER,
+            [(settings.worker_host, p) for p in settings.worker_ports],
+            http2=True,
+            buffer_limit=settings.buffer_limit_bytes * 2,
+        )
     ]
     for name, up in sorted(registry.spec.upstreams.items()):
-        clusters.append(_cluster(cluster_name(name), [(up.host, up.port)], http2=False,
-                                 buffer_limit=settings.buffer_limit_bytes))
+        clusters.append(
+            _cluster(
+                cluster_name(name),
+                [(up.host, up.port)],
+                http2=False,
+                buffer_limit=settings.buffer_limit_bytes,
+            )
+        )
     doc["static_resources"]["clusters"] = clusters
     hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["local_reply_config"]["mappers"] = _local_reply_mappers()

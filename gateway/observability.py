@@ -53,8 +53,9 @@ class Metrics:
         self.filter_seconds = Histogram(
             "ztgate_filter_seconds", "Time spent in one filter hook", ["filter", "phase"], buckets=_BUCKETS
         )
-        self.decisions = Counter("ztgate_filter_decisions_total", "Filter decisions by action",
-                                 ["filter", "phase", "action"])
+        self.decisions = Counter(
+            "ztgate_filter_decisions_total", "Filter decisions by action", ["filter", "phase", "action"]
+        )
         self.phase_seconds = Histogram(
             "ztgate_phase_seconds", "Time the whole chain took for one phase", ["phase"], buckets=_BUCKETS
         )

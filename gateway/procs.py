@@ -62,8 +62,13 @@ class Proc:
         logf = self.log_path.open("ab")
         try:
             self.popen = subprocess.Popen(
-                list(self.cmd), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(self.env) if self.env is not None else None, cwd=self.cwd, start_new_session=True,
+                list(self.cmd),
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(self.env) if self.env is not None else None,
+                cwd=self.cwd,
+                start_new_session=True,
             )
         finally:
             logf.close()

@@ -19,7 +19,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
-_REF = re.compile(rf"^(?P<name>{_NAME})(?:@(?P<version>[A-Za-z0-9._-]{{1,64}}))?(?::(?P<hash>[0-9a-fA-F]{{4,64}}))?$")
+_REF = re.compile(
+    rf"^(?P<name>{_NAME})(?:@(?P<version>[A-Za-z0-9._-]{{1,64}}))?(?::(?P<hash>[0-9a-fA-F]{{4,64}}))?$"
+)
 
 
 class Protocol(StrEnum):
@@ -96,7 +98,9 @@ class RegistrySpec(_Strict):
             if up not in self.upstreams:
                 raise ValueError(f"server_default for {proto}: unknown upstream {up!r}")
             if self.upstreams[up].protocol != proto:
-                raise ValueError(f"server_default for {proto}: upstream {up!r} speaks {self.upstreams[up].protocol}")
+                raise ValueError(
+                    f"server_default for {proto}: upstream {up!r} speaks {self.upstreams[up].protocol}"
+                )
         return self
 
 
@@ -203,9 +207,9 @@ class Registry:
 
     def models_for(self, protocol: Protocol) -> list[tuple[str, str]]:
         """(name, version) pairs served over a protocol, each name's latest first."""
-        out: list[tuple[str, str]] = []
-        for name, model in sorted(self.spec.models.items()):
-            for version in [model.latest, *sorted(v for v in model.versions if v != model.latest)]:
-                if self.spec.upstreams[model.versions[version].upstream].protocol == protocol:
-                    out.append((name, version))
-        return out
+        return [
+            (name, version)
+            for name, model in sorted(self.spec.models.items())
+            for version in [model.latest, *sorted(v for v in model.versions if v != model.latest)]
+            if self.spec.upstreams[model.versions[version].upstream].protocol == protocol
+        ]

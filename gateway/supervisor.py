@@ -7,6 +7,8 @@ whole gateway down with a non-zero exit (an orchestrator restarts it); nothing h
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -68,29 +70,42 @@ class Gateway:
             else:
                 gguf_path = self.settings.state_dir / "models" / "tiny-llama.gguf"
                 tinyllama.ensure_model(gguf_path)
-                p = Proc(name, [sys.executable, "-m", "gateway.upstreams.tinyllama", str(up.port), str(gguf_path)], logf)
+                p = Proc(
+                    name,
+                    [sys.executable, "-m", "gateway.upstreams.tinyllama", str(up.port), str(gguf_path)],
+                    logf,
+                )
                 check = f"http://{up.host}:{up.port}/health"
                 timeout = 30.0
             self.procs.append(p.start())
-            p.wait_ready(lambda url=check: http_ok(url), timeout)
+            p.wait_ready(functools.partial(http_ok, check), timeout)
             log().info("upstream_ready", upstream=name, protocol=up.protocol.value, port=up.port)
 
-    def start_gateway(self) -> None:
-        """Workers, then Envoy."""
+    def start_gateway(self, *, with_envoy: bool = True) -> None:
+        """Workers, then Envoy (unless Envoy runs elsewhere, as in compose)."""
         metrics = self.run_dir / "metrics"
         shutil.rmtree(metrics, ignore_errors=True)
         metrics.mkdir(parents=True)
         env = self.env()
         for port in self.settings.worker_ports:
-            p = Proc(f"worker-{port}", [sys.executable, "-m", "gateway.worker", str(port)],
-                     self.run_dir / "logs" / f"worker-{port}.log", env=env)
+            p = Proc(
+                f"worker-{port}",
+                [sys.executable, "-m", "gateway.worker", str(port)],
+                self.run_dir / "logs" / f"worker-{port}.log",
+                env=env,
+            )
             self.procs.append(p.start())
             self.workers.append(p)
         for p, port in zip(self.workers, self.settings.worker_ports, strict=True):
-            p.wait_ready(lambda port=port: port_open(self.settings.worker_host, port), 30)
+            p.wait_ready(functools.partial(port_open, _connectable(self.settings.worker_host), port), 30)
+        if not with_envoy:
+            return
         cfg = envoy_config.write(self.settings, self.registry, self.run_dir / "envoy.json")
-        self.envoy = Proc("envoy", [envoy_binary(), "-c", str(cfg), "--log-level", "warn", "--disable-hot-restart"],
-                          self.run_dir / "logs" / "envoy.log")
+        self.envoy = Proc(
+            "envoy",
+            [envoy_binary(), "-c", str(cfg), "--log-level", "warn", "--disable-hot-restart"],
+            self.run_dir / "logs" / "envoy.log",
+        )
         self.procs.append(self.envoy.start())
         self.envoy.wait_ready(self.envoy_ready, 30)
 
@@ -101,15 +116,20 @@ class Gateway:
     def readiness(self) -> dict[str, bool]:
         """Each part of readiness: Envoy, every worker, the registry."""
         s = self.settings
-        parts = {"envoy": self.envoy is not None and self.envoy.alive and self.envoy_ready(),
-                 "registry": bool(self.registry.spec.upstreams)}
+        parts = {"registry": bool(self.registry.spec.upstreams)}
+        if self.envoy is not None:
+            parts["envoy"] = self.envoy.alive and self.envoy_ready()
         for p, port in zip(self.workers, s.worker_ports, strict=True):
-            parts[f"worker:{port}"] = p.alive and port_open(s.worker_host, port)
+            parts[f"worker:{port}"] = p.alive and port_open(_connectable(s.worker_host), port)
         return parts
 
     def dead(self) -> Proc | None:
         """A child that exited, if any."""
         return next((p for p in self.procs if not p.alive), None)
+
+
+def _connectable(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104 - mapping a bind-all address
 
 
 def admin_app(gw: Gateway) -> web.Application:
@@ -122,12 +142,14 @@ def admin_app(gw: Gateway) -> web.Application:
     async def readyz(_: web.Request) -> web.Response:
         parts = await asyncio.to_thread(gw.readiness)
         ok = all(parts.values())
-        return web.json_response({"ready": ok, "checks": parts, "registry_revision": gw.registry.revision},
-                                 status=200 if ok else 503)
+        return web.json_response(
+            {"ready": ok, "checks": parts, "registry_revision": gw.registry.revision},
+            status=200 if ok else 503,
+        )
 
     async def metrics(_: web.Request) -> web.Response:
         reg = CollectorRegistry()
-        multiprocess.MultiProcessCollector(reg, path=str(gw.run_dir / "metrics"))
+        multiprocess.MultiProcessCollector(reg, path=str(gw.run_dir / "metrics"))  # type: ignore[no-untyped-call]
         return web.Response(body=generate_latest(reg), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
@@ -150,10 +172,10 @@ def _banner(s: Settings, demo: bool) -> str:
             "  curl:",
             f"    curl -s {base}/v1/chat/completions -H 'Authorization: Bearer {DEMO_KEY}' \\",
             "      -H 'Content-Type: application/json' \\",
-            "      -d '{\"model\": \"tiny-llama\", \"max_tokens\": 16, "
-            "\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'",
+            '      -d \'{"model": "tiny-llama", "max_tokens": 16, '
+            '"messages": [{"role": "user", "content": "Hello"}]}\'',
             f"    curl -s {base}/v2/models/echo/generate -H 'Authorization: Bearer {DEMO_KEY}' "
-            "-d '{\"text_input\": \"Hello\"}'",
+            '-d \'{"text_input": "Hello"}\'',
             "",
             "  openai SDK:",
             f"    from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='{DEMO_KEY}')",
@@ -175,7 +197,7 @@ async def _run(gw: Gateway, demo: bool, on_ready: Callable[[], None]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     on_ready()
-    print(_banner(s, demo), flush=True)  # noqa: T201 - the run command's instructions for people
+    print(_banner(s, demo), flush=True)
     code = 0
     while not stop.is_set():
         dead = gw.dead()
@@ -183,15 +205,15 @@ async def _run(gw: Gateway, demo: bool, on_ready: Callable[[], None]) -> int:
             log().error("child_exited", child=dead.name, log_tail=dead.log_tail(10))
             code = 1
             break
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.5)
-        except TimeoutError:
-            pass
     await runner.cleanup()
     return code
 
 
-def up(settings: Settings, *, demo: bool, on_ready: Callable[[], None] = lambda: None) -> int:
+def up(
+    settings: Settings, *, demo: bool, envoy: bool = True, on_ready: Callable[[], None] = lambda: None
+) -> int:
     """Run the gateway in the foreground until Ctrl-C/SIGTERM; returns the exit code."""
     setup_logging(settings.log_level)
     registry = Registry.load(settings.registry_file)
@@ -204,7 +226,7 @@ def up(settings: Settings, *, demo: bool, on_ready: Callable[[], None] = lambda:
     try:
         if demo:
             gw.start_demo_upstreams()
-        gw.start_gateway()
+        gw.start_gateway(with_envoy=envoy)
         return asyncio.run(_run(gw, demo, on_ready))
     except StartError as exc:
         log().error("start_failed", error=str(exc))

@@ -32,10 +32,22 @@ def write_keys(path: Path) -> Path:
     """A key file with two test principals."""
     from filters.principal import digest
 
-    path.write_text(yaml.safe_dump({"keys": [
-        {"id": "k1", "sha256": digest(KEY), "user": "alice", "tenant": "acme", "groups": ["dev"]},
-        {"id": "k2", "sha256": digest(OTHER_TENANT_KEY), "user": "bob", "tenant": "globex", "groups": []},
-    ]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "keys": [
+                    {"id": "k1", "sha256": digest(KEY), "user": "alice", "tenant": "acme", "groups": ["dev"]},
+                    {
+                        "id": "k2",
+                        "sha256": digest(OTHER_TENANT_KEY),
+                        "user": "bob",
+                        "tenant": "globex",
+                        "groups": [],
+                    },
+                ]
+            }
+        )
+    )
     return path
 
 
@@ -67,7 +79,9 @@ class ScriptedUpstream:
     _runner: web.AppRunner | None = None
 
     async def _handle(self, req: web.Request) -> web.StreamResponse:
-        rec = Recorded(req.method, req.path_qs, {k.lower(): v for k, v in req.headers.items()}, await req.read())
+        rec = Recorded(
+            req.method, req.path_qs, {k.lower(): v for k, v in req.headers.items()}, await req.read()
+        )
         self.requests.append(rec)
         if self.handler is None:
             return web.json_response({"upstream": self.name, "path": req.path})
@@ -139,10 +153,7 @@ class GatewayEnv:
         return self.gw.settings
 
     def logs(self) -> str:
-        out = []
-        for p in self.gw.procs:
-            out.append(f"===== {p.name} ({p.log_path}) =====\n{p.log_tail(60)}")
-        return "\n".join(out)
+        return "\n".join(f"===== {p.name} ({p.log_path}) =====\n{p.log_tail(60)}" for p in self.gw.procs)
 
     def stop(self) -> None:
         from gateway.procs import stop_all
@@ -197,11 +208,16 @@ def start_gateway(
     return GatewayEnv(gw, f"http://127.0.0.1:{settings.listen_port}")
 
 
-def registry_for(upstreams: dict[str, tuple[str, int]], models: dict[str, Any],
-                 server_default: dict[str, str] | None = None) -> dict[str, Any]:
+def registry_for(
+    upstreams: dict[str, tuple[str, int]],
+    models: dict[str, Any],
+    server_default: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """A registry document from (protocol, port) upstreams and model specs."""
     return {
-        "upstreams": {n: {"protocol": p, "host": "127.0.0.1", "port": port} for n, (p, port) in upstreams.items()},
+        "upstreams": {
+            n: {"protocol": p, "host": "127.0.0.1", "port": port} for n, (p, port) in upstreams.items()
+        },
         "models": models,
         "server_default": server_default or {},
     }

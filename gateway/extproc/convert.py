@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeAlias
+
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -10,8 +12,12 @@ from envoy.type.v3 import http_status_pb2
 from filters.base import Continue, Deny, Respond
 from gateway.errors import error_body
 
+# upb classes carry no static types: messages are `Message` (Any) past this line.
+Message: TypeAlias = Any
 ProcessingRequest = pb.ProcessingRequest
 ProcessingResponse = pb.ProcessingResponse
+HeadersResponse = pb.HeadersResponse
+BodyResponse = pb.BodyResponse
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _PM = processing_mode_pb2.ProcessingMode
@@ -22,7 +28,7 @@ STREAMED = _PM.STREAMED
 BUFFERED = _PM.BUFFERED
 
 
-def headers_to_dict(hm: base_pb2.HeaderMap) -> dict[str, str]:
+def headers_to_dict(hm: Message) -> dict[str, str]:
     """Envoy's header map as lower-case name → value (repeated headers joined with ', ')."""
     out: dict[str, str] = {}
     for h in hm.headers:
@@ -32,7 +38,7 @@ def headers_to_dict(hm: base_pb2.HeaderMap) -> dict[str, str]:
     return out
 
 
-def mode(request_body: int, response_headers: int, response_body: int = NONE) -> processing_mode_pb2.ProcessingMode:
+def mode(request_body: int, response_headers: int, response_body: int = NONE) -> Message:
     """A full processing mode (headers always sent, trailers never)."""
     return _PM(
         request_header_mode=SEND,
@@ -44,7 +50,7 @@ def mode(request_body: int, response_headers: int, response_body: int = NONE) ->
     )
 
 
-def common(c: Continue, extra_remove: tuple[str, ...] = (), *, buffered: bool = False) -> pb.CommonResponse:
+def common(c: Continue, extra_remove: tuple[str, ...] = (), *, buffered: bool = False) -> Message:
     """A CommonResponse carrying a Continue's mutations.
 
     A replaced buffered body gets its content-length set (Envoy refuses a mismatch); streamed
@@ -52,14 +58,18 @@ def common(c: Continue, extra_remove: tuple[str, ...] = (), *, buffered: bool = 
     """
     cr = pb.CommonResponse()
     if c.body is not None and buffered:
-        c = Continue(c.set_headers + (("content-length", str(len(c.body))),), c.remove_headers, c.body, c.reroute)
+        c = Continue(
+            (*c.set_headers, ("content-length", str(len(c.body)))), c.remove_headers, c.body, c.reroute
+        )
     set_names = {k for k, _ in c.set_headers}
     removes = [h for h in (*extra_remove, *c.remove_headers) if h not in set_names]
     if c.set_headers or removes:
         hm = cr.header_mutation
         for k, v in c.set_headers:
             hm.set_headers.append(
-                base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE)
+                base_pb2.HeaderValueOption(
+                    header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+                )
             )
         hm.remove_headers.extend(dict.fromkeys(removes))
     if c.body is not None:
@@ -69,7 +79,7 @@ def common(c: Continue, extra_remove: tuple[str, ...] = (), *, buffered: bool = 
     return cr
 
 
-def immediate(decision: Deny | Respond, request_id: str, kserve: bool) -> pb.ProcessingResponse:
+def immediate(decision: Deny | Respond, request_id: str, kserve: bool) -> Message:
     """An ImmediateResponse: the chain's deny in the protocol's error shape, or its own answer."""
     if isinstance(decision, Deny):
         status, details = decision.status, f"ztgate_{decision.code}"
@@ -79,7 +89,9 @@ def immediate(decision: Deny | Respond, request_id: str, kserve: bool) -> pb.Pro
         status, details, body, ctype = decision.status, "ztgate_respond", decision.body, decision.content_type
     ir = pb.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status), body=body, details=details)
     ir.headers.set_headers.append(
-        base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key="content-type", raw_value=ctype.encode()),
-                                   append_action=_OVERWRITE)
+        base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key="content-type", raw_value=ctype.encode()),
+            append_action=_OVERWRITE,
+        )
     )
     return pb.ProcessingResponse(immediate_response=ir)

@@ -41,7 +41,9 @@ class _Stream:
 class ExtProcServer:
     """Runs the chain for each ext_proc stream."""
 
-    def __init__(self, chain: Chain, registry: Callable[[], Registry], budget_s: float, metrics: Metrics) -> None:
+    def __init__(
+        self, chain: Chain, registry: Callable[[], Registry], budget_s: float, metrics: Metrics
+    ) -> None:
         self._chain = chain
         self._registry = registry
         self._budget = budget_s
@@ -62,8 +64,8 @@ class ExtProcServer:
         )
 
     async def process(
-        self, requests: AsyncIterator[cv.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[cv.ProcessingResponse]:
+        self, requests: AsyncIterator[cv.Message], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cv.Message]:
         """One HTTP request's conversation with Envoy."""
         st = _Stream()
         try:
@@ -79,8 +81,13 @@ class ExtProcServer:
                     resp = self._deny(st, Deny(504, ErrorCode.GATEWAY_TIMEOUT, "the gateway took too long"))
                 except Exception as exc:  # noqa: BLE001 - any bug denies (fail closed), logged without values
                     self._metrics.failures.labels("error").inc()
-                    self._log.error("chain_error", request_id=self._rid(st), phase=kind,
-                                    error_type=type(exc).__name__, at=where(exc))
+                    self._log.error(
+                        "chain_error",
+                        request_id=self._rid(st),
+                        phase=kind,
+                        error_type=type(exc).__name__,
+                        at=where(exc),
+                    )
                     resp = self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
                 self._metrics.phase_seconds.labels(kind or "unknown").observe(time.perf_counter() - t0)
                 yield resp
@@ -92,12 +99,12 @@ class ExtProcServer:
     def _rid(self, st: _Stream) -> str:
         return st.ctx.request_id if st.ctx else "-"
 
-    def _deny(self, st: _Stream, d: Deny | Respond) -> cv.ProcessingResponse:
+    def _deny(self, st: _Stream, d: Deny | Respond) -> cv.Message:
         st.outcome = "denied" if isinstance(d, Deny) else "responded"
         st.status = d.status
         return cv.immediate(d, self._rid(st), st.kserve)
 
-    async def _handle(self, kind: str | None, req: cv.ProcessingRequest, st: _Stream) -> cv.ProcessingResponse:
+    async def _handle(self, kind: str | None, req: cv.Message, st: _Stream) -> cv.Message:
         if kind == "request_headers":
             return await self._request_headers(req.request_headers, st)
         ctx = st.ctx
@@ -105,28 +112,41 @@ class ExtProcServer:
             return self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
         if kind == "request_body":
             d = await self._chain.request_body(ctx, req.request_body.body)
-            return self._after(st, d, lambda c: cv.ProcessingResponse(request_body=cv.pb.BodyResponse(response=c)),
-                               buffered=True)
+            return self._after(
+                st,
+                d,
+                lambda c: cv.ProcessingResponse(request_body=cv.BodyResponse(response=c)),
+                buffered=True,
+            )
         if kind == "response_headers":
             return await self._response_headers(req.response_headers, st, ctx)
         if kind == "response_body":
             d = await self._chain.response_chunk(ctx, req.response_body.body, req.response_body.end_of_stream)
-            return self._after(st, d, lambda c: cv.ProcessingResponse(response_body=cv.pb.BodyResponse(response=c)),
-                               buffered=st.response_body_mode == cv.BUFFERED)
+            return self._after(
+                st,
+                d,
+                lambda c: cv.ProcessingResponse(response_body=cv.BodyResponse(response=c)),
+                buffered=st.response_body_mode == cv.BUFFERED,
+            )
         # Trailers or anything newer: we never asked for it, so we do not pass it.
         return self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
 
     def _after(
-        self, st: _Stream, d: Decision, wrap: Callable[[cv.pb.CommonResponse], cv.ProcessingResponse],
-        extra_remove: tuple[str, ...] = (), *, buffered: bool = False,
-    ) -> cv.ProcessingResponse:
+        self,
+        st: _Stream,
+        d: Decision,
+        wrap: Callable[[cv.Message], cv.Message],
+        extra_remove: tuple[str, ...] = (),
+        *,
+        buffered: bool = False,
+    ) -> cv.Message:
         match d:
             case Deny() | Respond():
                 return self._deny(st, d)
             case Continue():
                 return wrap(cv.common(d, extra_remove, buffered=buffered))
 
-    async def _request_headers(self, msg: cv.pb.HttpHeaders, st: _Stream) -> cv.ProcessingResponse:
+    async def _request_headers(self, msg: cv.Message, st: _Stream) -> cv.Message:
         headers = cv.headers_to_dict(msg.headers)
         raw_path = headers.get(":path", "/")
         path, _, query = raw_path.partition("?")
@@ -150,23 +170,30 @@ class ExtProcServer:
         if isinstance(d, Continue) and wants_body and msg.end_of_stream:
             # No body will come: the body checks run now, on an empty body.
             d2 = await chain.request_body(ctx, b"")
-            d = d2 if not isinstance(d2, Continue) else Continue(
-                d.set_headers + d2.set_headers, d.remove_headers + d2.remove_headers, None, d.reroute or d2.reroute
+            d = (
+                d2
+                if not isinstance(d2, Continue)
+                else Continue(
+                    d.set_headers + d2.set_headers,
+                    d.remove_headers + d2.remove_headers,
+                    None,
+                    d.reroute or d2.reroute,
+                )
             )
         st.request_body_mode = cv.BUFFERED if wants_body and not msg.end_of_stream else cv.NONE
-        st.response_headers_mode = cv.SEND if chain.phases & (Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY) else cv.SKIP
+        st.response_headers_mode = (
+            cv.SEND if chain.phases & (Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY) else cv.SKIP
+        )
 
-        def wrap(c: cv.pb.CommonResponse) -> cv.ProcessingResponse:
+        def wrap(c: cv.Message) -> cv.Message:
             return cv.ProcessingResponse(
-                request_headers=cv.pb.HeadersResponse(response=c),
+                request_headers=cv.HeadersResponse(response=c),
                 mode_override=cv.mode(st.request_body_mode, st.response_headers_mode),
             )
 
         return self._after(st, d, wrap, spoofed)
 
-    async def _response_headers(
-        self, msg: cv.pb.HttpHeaders, st: _Stream, ctx: RequestContext
-    ) -> cv.ProcessingResponse:
+    async def _response_headers(self, msg: cv.Message, st: _Stream, ctx: RequestContext) -> cv.Message:
         headers = cv.headers_to_dict(msg.headers)
         try:
             ctx.response_status = int(headers.get(":status", "0"))
@@ -182,12 +209,16 @@ class ExtProcServer:
                     d2 = await self._chain.response_chunk(ctx, b"", True)
                     d = d2 if not isinstance(d2, Continue) else d
             else:
-                body_mode = cv.STREAMED if headers.get("content-type", "").startswith("text/event-stream") else cv.BUFFERED
+                body_mode = (
+                    cv.STREAMED
+                    if headers.get("content-type", "").startswith("text/event-stream")
+                    else cv.BUFFERED
+                )
         st.response_body_mode = body_mode
 
-        def wrap(c: cv.pb.CommonResponse) -> cv.ProcessingResponse:
+        def wrap(c: cv.Message) -> cv.Message:
             return cv.ProcessingResponse(
-                response_headers=cv.pb.HeadersResponse(response=c),
+                response_headers=cv.HeadersResponse(response=c),
                 mode_override=cv.mode(st.request_body_mode, st.response_headers_mode, body_mode),
             )
 
@@ -200,7 +231,9 @@ class ExtProcServer:
         try:
             await self._chain.end(ctx)
         except Exception as exc:  # noqa: BLE001 - the response is gone; record the bug and move on
-            self._log.error("chain_end_error", request_id=ctx.request_id, error_type=type(exc).__name__, at=where(exc))
+            self._log.error(
+                "chain_end_error", request_id=ctx.request_id, error_type=type(exc).__name__, at=where(exc)
+            )
         status = st.status or ctx.response_status or 0
         self._metrics.requests.labels(st.outcome).inc()
         route = ctx.route

@@ -14,8 +14,9 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
-WORDS = (
+WORDS = (  # noqa: SIM905 - a word list reads better as text
     "the of and to in is was for on that with as by at from his her are were be this which or an had not "
     "but what all when there can who been one more will would their they if about out so into time people "
     "year said could also them than some only other new over first after most made where way may many well "
@@ -43,14 +44,16 @@ def write_gguf(path: Path, seed: int = 1234) -> str:
 
     rng = np.random.default_rng(seed)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [
+        gguf.TokenType.BYTE
+    ] * 256
     words = list(dict.fromkeys(WORDS))
     tokens += ["▁" + w for w in words] + [".", ",", "▁"]
     types += [gguf.TokenType.NORMAL] * (len(words) + 3)
     scores = [0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)]
     n_vocab = len(tokens)
 
-    def w(*shape: int, scale: float = 0.2) -> np.ndarray:
+    def w(*shape: int, scale: float = 0.2) -> np.ndarray[Any, Any]:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -65,8 +65,11 @@ def backend_dir(root: Path) -> Path:
     d = root / "backends" / "python"
     d.mkdir(parents=True, exist_ok=True)
     stub = home / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}"
-    for f in (home / "backends/python/libtriton_python.so", home / "backends/python/triton_python_backend_utils.py",
-              stub / "triton_python_backend_stub"):
+    for f in (
+        home / "backends/python/libtriton_python.so",
+        home / "backends/python/triton_python_backend_utils.py",
+        stub / "triton_python_backend_stub",
+    ):
         dst = d / f.name
         if not dst.exists():
             shutil.copy2(f, dst)
@@ -86,9 +89,12 @@ def process(root: Path, http_port: int, grpc_port: int, metrics_port: int, log: 
         str(triton_home() / "bin" / "tritonserver"),
         f"--model-repository={repo}",
         f"--backend-directory={backend_dir(root)}",
-        "--http-address=127.0.0.1", f"--http-port={http_port}",
-        "--grpc-address=127.0.0.1", f"--grpc-port={grpc_port}",
-        "--metrics-address=127.0.0.1", f"--metrics-port={metrics_port}",
+        "--http-address=127.0.0.1",
+        f"--http-port={http_port}",
+        "--grpc-address=127.0.0.1",
+        f"--grpc-port={grpc_port}",
+        "--metrics-address=127.0.0.1",
+        f"--metrics-port={metrics_port}",
         "--allow-gpu-metrics=false",
         "--exit-timeout-secs=5",
         "--log-info=false",

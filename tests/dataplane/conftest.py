@@ -29,17 +29,26 @@ def kserve_up() -> Iterator[ScriptedUpstream]:
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, openai_up: ScriptedUpstream,
-            kserve_up: ScriptedUpstream) -> Iterator[GatewayEnv]:
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, openai_up: ScriptedUpstream, kserve_up: ScriptedUpstream
+) -> Iterator[GatewayEnv]:
     reg = registry_for(
         {"vllm": ("openai", openai_up.port), "triton": ("kserve_v2", kserve_up.port)},
         {
-            "llama3-8b": {"latest": "v2.4", "versions": {
-                "v2.3": {"upstream": "vllm", "upstream_model": "llama3-8b-v23", "hash": "abc999"},
-                "v2.4": {"upstream": "vllm", "upstream_model": "meta/llama3-8b", "hash": "abc123def"},
-            }},
-            "echo": {"latest": "2", "versions": {"1": {"upstream": "triton", "upstream_version": "1"},
-                                                 "2": {"upstream": "triton", "upstream_version": "2"}}},
+            "llama3-8b": {
+                "latest": "v2.4",
+                "versions": {
+                    "v2.3": {"upstream": "vllm", "upstream_model": "llama3-8b-v23", "hash": "abc999"},
+                    "v2.4": {"upstream": "vllm", "upstream_model": "meta/llama3-8b", "hash": "abc123def"},
+                },
+            },
+            "echo": {
+                "latest": "2",
+                "versions": {
+                    "1": {"upstream": "triton", "upstream_version": "1"},
+                    "2": {"upstream": "triton", "upstream_version": "2"},
+                },
+            },
         },
         {"kserve_v2": "triton"},
     )
@@ -50,7 +59,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, openai_up: ScriptedUpstrea
 
 
 @pytest.fixture
-def client(gateway: GatewayEnv, openai_up: ScriptedUpstream, kserve_up: ScriptedUpstream) -> Iterator[httpx.Client]:
+def client(
+    gateway: GatewayEnv, openai_up: ScriptedUpstream, kserve_up: ScriptedUpstream
+) -> Iterator[httpx.Client]:
     openai_up.requests.clear()
     kserve_up.requests.clear()
     openai_up.handler = None

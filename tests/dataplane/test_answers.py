@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
+from typing import Any
 
 import httpx
 import pytest
@@ -14,8 +16,11 @@ from tests.harness import ScriptedUpstream, json_answer, streamed
 CHAT = {"model": "llama3-8b", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _sse(docs: list[object]) -> bytes:
-    return b"".join(b"data: " + json.dumps(d, ensure_ascii=False).encode() + b"\n\n" for d in docs) + b"data: [DONE]\n\n"
+def _sse(docs: Sequence[object]) -> bytes:
+    return (
+        b"".join(b"data: " + json.dumps(d, ensure_ascii=False).encode() + b"\n\n" for d in docs)
+        + b"data: [DONE]\n\n"
+    )
 
 
 def _split(raw: bytes, rng: random.Random) -> list[bytes]:
@@ -27,9 +32,11 @@ def _split(raw: bytes, rng: random.Random) -> list[bytes]:
 def test_sse_stream_arrives_byte_identical_across_odd_chunking(
     client: httpx.Client, openai_up: ScriptedUpstream, seed: int
 ) -> None:
-    deltas = [{"choices": [{"index": 0, "delta": {"content": w}}]} for w in ["Hé", "llo ", "wörld ", "你好"]]
-    deltas += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-               {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 4}}]
+    deltas: list[dict[str, Any]] = [{"choices": [{"index": 0, "delta": {"content": w}}]} for w in ["Hé", "llo ", "wörld ", "你好"]]
+    deltas += [
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 4}},
+    ]
     raw = _sse(deltas)
     openai_up.handler = lambda _r: streamed(_split(raw, random.Random(seed)))
     with client.stream("POST", "/v1/chat/completions", json=CHAT) as r:
@@ -66,8 +73,10 @@ def test_upstream_errors_pass_through(client: httpx.Client, openai_up: ScriptedU
 
 
 def test_kserve_generate_stream_without_done(client: httpx.Client, kserve_up: ScriptedUpstream) -> None:
-    events = b"".join(b"data: " + json.dumps({"model_name": "echo", "text_output": t}).encode() + b"\n\n"
-                      for t in ["a", " b", " c"])
+    events = b"".join(
+        b"data: " + json.dumps({"model_name": "echo", "text_output": t}).encode() + b"\n\n"
+        for t in ["a", " b", " c"]
+    )
     kserve_up.handler = lambda _r: streamed(_split(events, random.Random(7)))
     with client.stream("POST", "/v2/models/echo/generate_stream", json={"text_input": "x"}) as r:
         assert r.status_code == 200

@@ -37,8 +37,10 @@ def _kserve_error(r: httpx.Response, status: int, code: str) -> None:
         (b'{"model": "llama3-8b", "messages": [', "invalid_json"),  # truncated
         (b"", "invalid_json"),
         (b"\xff\xfe{}", "invalid_encoding"),
-        ('{"model": "llama3-8b", "messages": [{"role": "user", "content": "caf\xe9"}]}'.encode("latin-1"),
-         "invalid_encoding"),
+        (
+            '{"model": "llama3-8b", "messages": [{"role": "user", "content": "caf\xe9"}]}'.encode("latin-1"),
+            "invalid_encoding",
+        ),
         (b'{"model": "llama3-8b", "messages": [{"role": "user", "content": "\\ud800"}]}', "invalid_encoding"),
         (b'{"model": "llama3-8b", "model": "other", "messages": []}', "invalid_json"),
         (b'{"model": "llama3-8b", "messages": [{"role": "user", "content": NaN}]}', "invalid_json"),
@@ -46,27 +48,53 @@ def _kserve_error(r: httpx.Response, status: int, code: str) -> None:
         (json.dumps({"model": 5, "messages": OK_MSGS}).encode(), "invalid_request"),
         (json.dumps({"model": "llama3-8b", "messages": "hi"}).encode(), "invalid_request"),
         (json.dumps({"model": "llama3-8b", "messages": []}).encode(), "invalid_request"),
-        (json.dumps({"model": "llama3-8b", "messages": [{"role": "root", "content": "x"}]}).encode(),
-         "invalid_request"),
-        (json.dumps({"model": "llama3-8b", "messages": [{"role": "user", "content": 7}]}).encode(),
-         "invalid_request"),
-        (json.dumps({"model": "llama3-8b", "stream": "yes", "messages": OK_MSGS}).encode(), "invalid_request"),
-        (json.dumps({"model": "llama3-8b", "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}).encode(), "unsupported_content"),
+        (
+            json.dumps({"model": "llama3-8b", "messages": [{"role": "root", "content": "x"}]}).encode(),
+            "invalid_request",
+        ),
+        (
+            json.dumps({"model": "llama3-8b", "messages": [{"role": "user", "content": 7}]}).encode(),
+            "invalid_request",
+        ),
+        (
+            json.dumps({"model": "llama3-8b", "stream": "yes", "messages": OK_MSGS}).encode(),
+            "invalid_request",
+        ),
+        (
+            json.dumps(
+                {
+                    "model": "llama3-8b",
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
+                        }
+                    ],
+                }
+            ).encode(),
+            "unsupported_content",
+        ),
     ],
 )
 def test_bad_openai_bodies(client: httpx.Client, openai_up: ScriptedUpstream, body: bytes, code: str) -> None:
-    _openai_error(client.post(CHAT_PATH, content=body, headers={"content-type": "application/json"}), 400, code)
+    _openai_error(
+        client.post(CHAT_PATH, content=body, headers={"content-type": "application/json"}), 400, code
+    )
     assert openai_up.requests == []
 
 
 def test_completion_token_prompts_are_refused(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
-    _openai_error(client.post("/v1/completions", json={"model": "llama3-8b", "prompt": [1, 2, 3]}),
-                  400, "invalid_request")
+    _openai_error(
+        client.post("/v1/completions", json={"model": "llama3-8b", "prompt": [1, 2, 3]}),
+        400,
+        "invalid_request",
+    )
     assert openai_up.requests == []
 
 
-def test_ten_megabyte_body_is_refused_before_reading(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
+def test_ten_megabyte_body_is_refused_before_reading(
+    client: httpx.Client, openai_up: ScriptedUpstream
+) -> None:
     big = json.dumps({"model": "llama3-8b", "messages": [{"role": "user", "content": "a" * (10 << 20)}]})
     _openai_error(client.post(CHAT_PATH, content=big), 413, "body_too_large")
     assert openai_up.requests == []
@@ -95,8 +123,9 @@ def test_ten_megabyte_chunked_body_without_length_is_refused(
         ("DELETE", "/v1/models", 405, "method_not_allowed"),
     ],
 )
-def test_unknown_paths_and_methods(client: httpx.Client, openai_up: ScriptedUpstream,
-                                   method: str, path: str, status: int, code: str) -> None:
+def test_unknown_paths_and_methods(
+    client: httpx.Client, openai_up: ScriptedUpstream, method: str, path: str, status: int, code: str
+) -> None:
     _openai_error(client.request(method, path), status, code)
     assert openai_up.requests == []
 
@@ -109,12 +138,25 @@ def test_a_body_on_a_bodyless_call_is_refused(client: httpx.Client, openai_up: S
     ("path", "body", "status", "code"),
     [
         ("/v2/models/echo/infer", b"{bad", 400, "invalid_json"),
-        ("/v2/models/echo/infer", json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT32",
-                                                           "data": [1]}]}).encode(), 400, "unsupported_content"),
+        (
+            "/v2/models/echo/infer",
+            json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [1]}]}).encode(),
+            400,
+            "unsupported_content",
+        ),
         ("/v2/models/echo/infer", json.dumps({"inputs": []}).encode(), 400, "invalid_request"),
-        ("/v2/models/echo/infer", json.dumps({"inputs": [{"name": "x", "datatype": "BYTES", "data": [5]}]}).encode(),
-         400, "invalid_request"),
-        ("/v2/models/echo/generate", json.dumps({"text_input": {"nested": 1}}).encode(), 400, "invalid_request"),
+        (
+            "/v2/models/echo/infer",
+            json.dumps({"inputs": [{"name": "x", "datatype": "BYTES", "data": [5]}]}).encode(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "/v2/models/echo/generate",
+            json.dumps({"text_input": {"nested": 1}}).encode(),
+            400,
+            "invalid_request",
+        ),
         ("/v2/models/ghost/generate", json.dumps({"text_input": "x"}).encode(), 404, "model_not_found"),
         ("/v2/models/echo@7/generate", json.dumps({"text_input": "x"}).encode(), 404, "model_not_found"),
         ("/v2/models/echo@1/versions/1/infer", b"{}", 400, "invalid_request"),
@@ -122,29 +164,51 @@ def test_a_body_on_a_bodyless_call_is_refused(client: httpx.Client, openai_up: S
         ("/v2/models/echo/stats", b"", 404, "unknown_path"),
     ],
 )
-def test_bad_kserve_requests(client: httpx.Client, kserve_up: ScriptedUpstream,
-                             path: str, body: bytes, status: int, code: str) -> None:
+def test_bad_kserve_requests(
+    client: httpx.Client, kserve_up: ScriptedUpstream, path: str, body: bytes, status: int, code: str
+) -> None:
     _kserve_error(client.post(path, content=body), status, code)
     assert kserve_up.requests == []
 
 
 def test_binary_tensor_sizes_must_match(client: httpx.Client, kserve_up: ScriptedUpstream) -> None:
-    header = json.dumps({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES",
-                                     "parameters": {"binary_data_size": 50}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "text_input",
+                    "shape": [1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": 50},
+                }
+            ]
+        }
+    ).encode()
     body = header + (5).to_bytes(4, "little") + b"hello"
-    r = client.post("/v2/models/echo/infer", content=body,
-                    headers={"inference-header-content-length": str(len(header))})
+    r = client.post(
+        "/v2/models/echo/infer", content=body, headers={"inference-header-content-length": str(len(header))}
+    )
     _kserve_error(r, 400, "invalid_request")
     assert kserve_up.requests == []
 
 
 @pytest.mark.parametrize(
     ("auth", "code"),
-    [(None, "missing_api_key"), ("Bearer nope", "invalid_api_key"), ("Basic dXNlcjpwdw==", "invalid_api_key"),
-     ("Bearer", "invalid_api_key"), ("bearer  ztg-test-key-0001x", "invalid_api_key")],
+    [
+        (None, "missing_api_key"),
+        ("Bearer nope", "invalid_api_key"),
+        ("Basic dXNlcjpwdw==", "invalid_api_key"),
+        ("Bearer", "invalid_api_key"),
+        ("bearer  ztg-test-key-0001x", "invalid_api_key"),
+    ],
 )
-def test_no_anonymous_traffic(client: httpx.Client, openai_up: ScriptedUpstream, kserve_up: ScriptedUpstream,
-                              auth: str | None, code: str) -> None:
+def test_no_anonymous_traffic(
+    client: httpx.Client,
+    openai_up: ScriptedUpstream,
+    kserve_up: ScriptedUpstream,
+    auth: str | None,
+    code: str,
+) -> None:
     headers = {"authorization": auth} if auth is not None else {}
     with httpx.Client(base_url=str(client.base_url), headers=headers) as anon:
         _openai_error(anon.post(CHAT_PATH, json={"model": "llama3-8b", "messages": OK_MSGS}), 401, code)

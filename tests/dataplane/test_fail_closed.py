@@ -23,15 +23,25 @@ def upstream() -> Iterator[ScriptedUpstream]:
 
 
 @pytest.fixture(scope="module")
-def faulty_gateway(tmp_path_factory: pytest.TempPathFactory, upstream: ScriptedUpstream) -> Iterator[GatewayEnv]:
-    reg = registry_for({"vllm": ("openai", upstream.port)},
-                       {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}})
-    env = remember(start_gateway(
-        Path(tmp_path_factory.mktemp("faulty")), reg, workers=1,
-        env={"ZTGATE_FILTERS": "principal,faulty,protocol,route",
-             "ZTGATE_FILTER_MODULES": "tests.dataplane.faulty_filter",
-             "ZTGATE_PHASE_BUDGET_S": "0.5", "ZTGATE_MESSAGE_TIMEOUT_S": "1.5"},
-    ))
+def faulty_gateway(
+    tmp_path_factory: pytest.TempPathFactory, upstream: ScriptedUpstream
+) -> Iterator[GatewayEnv]:
+    reg = registry_for(
+        {"vllm": ("openai", upstream.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
+    )
+    env = remember(
+        start_gateway(
+            Path(tmp_path_factory.mktemp("faulty")),
+            reg,
+            workers=1,
+            env={
+                "ZTGATE_FILTERS": "principal,faulty,protocol,route",
+                "ZTGATE_FILTER_MODULES": "tests.dataplane.faulty_filter",
+                "ZTGATE_PHASE_BUDGET_S": "0.5",
+                "ZTGATE_MESSAGE_TIMEOUT_S": "1.5",
+            },
+        )
+    )
     yield env
     forget(env)
     env.stop()
@@ -62,11 +72,12 @@ def test_healthy_request_passes(faulty_gateway: GatewayEnv, upstream: ScriptedUp
     [
         ("sleep", 504, "gateway_timeout"),  # over the Python per-phase budget: the chain's own deny
         ("block", 504, "gateway_timeout"),  # stuck event loop: Envoy's message_timeout fires
-        ("raise", 500, "internal_error"),   # a bug in a filter
+        ("raise", 500, "internal_error"),  # a bug in a filter
     ],
 )
-def test_slow_stuck_or_buggy_chain_denies(faulty_gateway: GatewayEnv, upstream: ScriptedUpstream,
-                                          fault: str, status: int, code: str) -> None:
+def test_slow_stuck_or_buggy_chain_denies(
+    faulty_gateway: GatewayEnv, upstream: ScriptedUpstream, fault: str, status: int, code: str
+) -> None:
     upstream.requests.clear()
     _assert_gateway_refused(_post(faulty_gateway, fault), status, code)
     assert upstream.requests == []
@@ -81,9 +92,12 @@ def test_exception_text_is_not_logged(faulty_gateway: GatewayEnv) -> None:
     assert "secret prompt text" not in logs
 
 
-def test_error_while_checking_the_answer_replaces_it(faulty_gateway: GatewayEnv, upstream: ScriptedUpstream) -> None:
-    upstream.handler = lambda _r: streamed([b'{"choices": [{"index": 0, "message": {"content": "SECRET"}}]}'],
-                                           content_type="application/json")
+def test_error_while_checking_the_answer_replaces_it(
+    faulty_gateway: GatewayEnv, upstream: ScriptedUpstream
+) -> None:
+    upstream.handler = lambda _r: streamed(
+        [b'{"choices": [{"index": 0, "message": {"content": "SECRET"}}]}'], content_type="application/json"
+    )
     try:
         r = _post(faulty_gateway, "raise-response")
     finally:
@@ -93,8 +107,9 @@ def test_error_while_checking_the_answer_replaces_it(faulty_gateway: GatewayEnv,
 
 
 def test_ext_proc_down_is_a_5xx_and_upstream_untouched(tmp_path: Path, upstream: ScriptedUpstream) -> None:
-    reg = registry_for({"vllm": ("openai", upstream.port)},
-                       {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}})
+    reg = registry_for(
+        {"vllm": ("openai", upstream.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
+    )
     env = remember(start_gateway(tmp_path, reg, workers=1))
     try:
         assert _post(env).status_code == 200
@@ -114,7 +129,9 @@ def test_ext_proc_down_is_a_5xx_and_upstream_untouched(tmp_path: Path, upstream:
 def test_upstream_down_is_503_json(tmp_path: Path) -> None:
     from gateway.procs import free_port
 
-    reg = registry_for({"vllm": ("openai", free_port())}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}})
+    reg = registry_for(
+        {"vllm": ("openai", free_port())}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
+    )
     env = remember(start_gateway(tmp_path, reg, workers=1))
     try:
         r = _post(env)

@@ -48,8 +48,11 @@ def test_gateway_key_and_owned_headers_never_reach_the_upstream(
     client: httpx.Client, openai_up: ScriptedUpstream, kserve_up: ScriptedUpstream
 ) -> None:
     # A client trying to pick the cluster itself, or to claim an identity.
-    r = client.post("/v1/chat/completions", json={"model": "llama3-8b", **CHAT},
-                    headers={"x-ztgate-upstream": "up_triton", "x-ztgate-user": "root"})
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "llama3-8b", **CHAT},
+        headers={"x-ztgate-upstream": "up_triton", "x-ztgate-user": "root"},
+    )
     assert r.status_code == 200
     assert kserve_up.requests == []
     [got] = openai_up.requests
@@ -78,8 +81,11 @@ def test_spoofed_routing_header_does_not_bypass_a_deny(
 def test_kserve_paths_are_rewritten_to_the_registered_version(
     client: httpx.Client, kserve_up: ScriptedUpstream, path: str, upstream_path: str
 ) -> None:
-    body = ({"text_input": "hi"} if path.endswith("generate")
-            else {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]})
+    body = (
+        {"text_input": "hi"}
+        if path.endswith("generate")
+        else {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}
+    )
     r = client.post(path, json=body)
     assert r.status_code == 200, r.text
     [got] = kserve_up.requests
@@ -87,16 +93,22 @@ def test_kserve_paths_are_rewritten_to_the_registered_version(
 
 
 @pytest.mark.parametrize("path", ["/v2/health/ready", "/v2/health/live", "/v2"])
-def test_kserve_server_calls_go_to_the_default_server(client: httpx.Client, kserve_up: ScriptedUpstream,
-                                                      path: str) -> None:
+def test_kserve_server_calls_go_to_the_default_server(
+    client: httpx.Client, kserve_up: ScriptedUpstream, path: str
+) -> None:
     assert client.get(path).status_code == 200
     assert [r.path for r in kserve_up.requests] == [path]
 
 
-def test_model_metadata_and_ready_are_routed_by_version(client: httpx.Client, kserve_up: ScriptedUpstream) -> None:
+def test_model_metadata_and_ready_are_routed_by_version(
+    client: httpx.Client, kserve_up: ScriptedUpstream
+) -> None:
     assert client.get("/v2/models/echo@1").status_code == 200
     assert client.get("/v2/models/echo/ready").status_code == 200
-    assert [r.path for r in kserve_up.requests] == ["/v2/models/echo/versions/1", "/v2/models/echo/versions/2/ready"]
+    assert [r.path for r in kserve_up.requests] == [
+        "/v2/models/echo/versions/1",
+        "/v2/models/echo/versions/2/ready",
+    ]
 
 
 def test_model_list_is_answered_by_the_gateway(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
@@ -110,7 +122,10 @@ def test_model_list_is_answered_by_the_gateway(client: httpx.Client, openai_up: 
 
 
 def test_each_key_is_its_own_principal(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
-    r = client.post("/v1/chat/completions", json={"model": "llama3-8b", **CHAT},
-                    headers={"authorization": f"Bearer {OTHER_TENANT_KEY}"})
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "llama3-8b", **CHAT},
+        headers={"authorization": f"Bearer {OTHER_TENANT_KEY}"},
+    )
     assert r.status_code == 200
     assert len(openai_up.requests) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,15 +15,25 @@ from tests.harness import GatewayEnv, registry_for, start_gateway
 pytestmark = pytest.mark.e2e
 
 
-def demo_registry(triton_port: int, llama_port: int) -> dict[str, object]:
+def demo_registry(triton_port: int, llama_port: int) -> dict[str, Any]:
     return registry_for(
         {"triton-demo": ("kserve_v2", triton_port), "llama-demo": ("openai", llama_port)},
         {
-            "tiny-llama": {"latest": "v1", "versions": {"v1": {"upstream": "llama-demo",
-                                                               "upstream_model": "tiny-llama"}}},
-            "echo": {"latest": "2", "versions": {"1": {"upstream": "triton-demo", "upstream_version": "1"},
-                                                 "2": {"upstream": "triton-demo", "upstream_version": "2"}}},
-            "echo_stream": {"latest": "1", "versions": {"1": {"upstream": "triton-demo", "upstream_version": "1"}}},
+            "tiny-llama": {
+                "latest": "v1",
+                "versions": {"v1": {"upstream": "llama-demo", "upstream_model": "tiny-llama"}},
+            },
+            "echo": {
+                "latest": "2",
+                "versions": {
+                    "1": {"upstream": "triton-demo", "upstream_version": "1"},
+                    "2": {"upstream": "triton-demo", "upstream_version": "2"},
+                },
+            },
+            "echo_stream": {
+                "latest": "1",
+                "versions": {"1": {"upstream": "triton-demo", "upstream_version": "1"}},
+            },
         },
         {"kserve_v2": "triton-demo"},
     )
@@ -30,8 +41,11 @@ def demo_registry(triton_port: int, llama_port: int) -> dict[str, object]:
 
 @pytest.fixture(scope="session")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayEnv]:
-    env = remember(start_gateway(Path(tmp_path_factory.mktemp("e2e")), demo_registry(free_port(), free_port()),
-                                 demo_upstreams=True))
+    env = remember(
+        start_gateway(
+            Path(tmp_path_factory.mktemp("e2e")), demo_registry(free_port(), free_port()), demo_upstreams=True
+        )
+    )
     yield env
     forget(env)
     env.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.harness import KEY, GatewayEnv
 
@@ -14,8 +15,9 @@ def client(real: GatewayEnv) -> openai.OpenAI:
 
 
 def test_chat(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="tiny-llama", max_tokens=8, temperature=0,
-                                       messages=[{"role": "user", "content": "Hello there"}])
+    r = client.chat.completions.create(
+        model="tiny-llama", max_tokens=8, temperature=0, messages=[{"role": "user", "content": "Hello there"}]
+    )
     assert r.choices[0].finish_reason == "length"
     assert r.usage is not None and r.usage.completion_tokens == 8
     assert isinstance(r.choices[0].message.content, str) and r.choices[0].message.content.strip()
@@ -23,25 +25,29 @@ def test_chat(client: openai.OpenAI) -> None:
 
 def test_chat_streaming_with_usage(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="tiny-llama@v1", max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True},
+        model="tiny-llama@v1",
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
         messages=[{"role": "user", "content": "Hello"}],
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "length"
+    ]
 
 
 def test_streamed_and_whole_answers_agree(client: openai.OpenAI) -> None:
-    msgs = [{"role": "user", "content": "tell me a story"}]
-    whole = client.chat.completions.create(model="tiny-llama", max_tokens=10, temperature=0, messages=msgs)  # type: ignore[arg-type]
-    streamed = "".join(
-        c.choices[0].delta.content or ""
-        for c in client.chat.completions.create(model="tiny-llama", max_tokens=10, temperature=0, stream=True,
-                                                messages=msgs)  # type: ignore[arg-type]
-        if c.choices
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me a story"}]
+    whole = client.chat.completions.create(model="tiny-llama", max_tokens=10, temperature=0, messages=msgs)
+    stream = client.chat.completions.create(
+        model="tiny-llama", max_tokens=10, temperature=0, stream=True, messages=msgs
     )
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert whole.choices[0].message.content == streamed
 
 

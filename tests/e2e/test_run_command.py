@@ -22,16 +22,25 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
     reg = demo_registry(free_port(), free_port())
     (tmp_path / "registry.yaml").write_text(yaml.safe_dump(reg))
     ports = {k: free_port() for k in ("LISTEN", "ADMIN", "ENVOY_ADMIN")}
-    env = {**os.environ, "ZTGATE_REGISTRY_FILE": str(tmp_path / "registry.yaml"),
-           "ZTGATE_STATE_DIR": str(tmp_path / "state"),
-           "ZTGATE_WORKER_PORTS": f"{free_port()},{free_port()}",
-           **{f"ZTGATE_{k}_PORT": str(v) for k, v in ports.items()}}
+    env = {
+        **os.environ,
+        "ZTGATE_REGISTRY_FILE": str(tmp_path / "registry.yaml"),
+        "ZTGATE_STATE_DIR": str(tmp_path / "state"),
+        "ZTGATE_WORKER_PORTS": f"{free_port()},{free_port()}",
+        **{f"ZTGATE_{k}_PORT": str(v) for k, v in ports.items()},
+    }
     # The demo key file is the embedded default: the printed key must work.
     env.pop("ZTGATE_KEYS_FILE", None)
     out = tmp_path / "up.out"
     with out.open("wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "up"], cwd=ROOT, env=env, stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "up"],
+            cwd=ROOT,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 90
         while not http_ok(f"http://127.0.0.1:{ports['ADMIN']}/readyz"):
@@ -40,9 +49,11 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             time.sleep(0.2)
         text = out.read_text()
         assert DEMO_KEY in text and "openai" in text and "curl" in text
-        r = httpx.post(f"http://127.0.0.1:{ports['LISTEN']}/v1/chat/completions",
-                       headers={"authorization": f"Bearer {DEMO_KEY}"},
-                       json={"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        r = httpx.post(
+            f"http://127.0.0.1:{ports['LISTEN']}/v1/chat/completions",
+            headers={"authorization": f"Bearer {DEMO_KEY}"},
+            json={"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert r.status_code == 200, r.text
         metrics = httpx.get(f"http://127.0.0.1:{ports['ADMIN']}/metrics").text
         assert 'ztgate_filter_seconds_count{filter="principal",phase="request_headers"}' in metrics
@@ -51,5 +62,9 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(60)
     assert code == 0, out.read_text()
-    for port in (ports["LISTEN"], reg["upstreams"]["triton-demo"]["port"], reg["upstreams"]["llama-demo"]["port"]):
+    for port in (
+        ports["LISTEN"],
+        reg["upstreams"]["triton-demo"]["port"],
+        reg["upstreams"]["llama-demo"]["port"],
+    ):
         assert not port_open("127.0.0.1", port), f"port {port} still served after stop"

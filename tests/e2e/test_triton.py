@@ -21,8 +21,9 @@ def tc(real: GatewayEnv) -> triton_http.InferenceServerClient:
     return triton_http.InferenceServerClient(real.url.removeprefix("http://"))
 
 
-def _infer(tc: triton_http.InferenceServerClient, text: str, model: str, version: str = "",
-           binary: bool = True) -> str:
+def _infer(
+    tc: triton_http.InferenceServerClient, text: str, model: str, version: str = "", binary: bool = True
+) -> str:
     inp = triton_http.InferInput("text_input", [1], "BYTES")
     inp.set_data_from_numpy(np.array([text.encode()], dtype=np.object_), binary_data=binary)
     out = triton_http.InferRequestedOutput("text_output", binary_data=binary)
@@ -59,8 +60,13 @@ def test_generate_routes_by_version(real: GatewayEnv) -> None:
 
 def test_generate_stream(real: GatewayEnv) -> None:
     events = []
-    with httpx.stream("POST", real.url + "/v2/models/echo_stream/generate_stream",
-                      json={"text_input": "one two three"}, headers=AUTH, timeout=30) as r:
+    with httpx.stream(
+        "POST",
+        real.url + "/v2/models/echo_stream/generate_stream",
+        json={"text_input": "one two three"},
+        headers=AUTH,
+        timeout=30,
+    ) as r:
         assert r.status_code == 200
         events += [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
     assert "".join(e["text_output"] for e in events) == "stream v1: one two three"

@@ -17,22 +17,35 @@ def _chat(**kw: object) -> bytes:
 
 
 def test_chat_segments_cover_every_role_tool_calls_and_tool_specs() -> None:
-    body = json.dumps({
-        "model": "m@v1",
-        "stream": True,
-        "messages": [
-            {"role": "system", "content": "be nice"},
-            {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "two"}]},
-            {"role": "assistant", "content": None,
-             "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"q\": 1}"}}]},
-            {"role": "tool", "content": "tool said"},
-        ],
-        "tools": [{"type": "function", "function": {"name": "f", "description": "looks things up"}}],
-    }).encode()
+    body = json.dumps(
+        {
+            "model": "m@v1",
+            "stream": True,
+            "messages": [
+                {"role": "system", "content": "be nice"},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "two"}],
+                },
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"q": 1}'}}
+                    ],
+                },
+                {"role": "tool", "content": "tool said"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "description": "looks things up"}}],
+        }
+    ).encode()
     p = _openai.parse_request(_openai.CHAT, body)
     assert p.model_ref == "m@v1" and p.stream
     assert [(s.role, s.text) for s in p.segments] == [
-        ("system", "be nice"), ("user", "part one\ntwo"), ("assistant", '{"q": 1}'), ("tool", "tool said"),
+        ("system", "be nice"),
+        ("user", "part one\ntwo"),
+        ("assistant", '{"q": 1}'),
+        ("tool", "tool said"),
         ("tool_spec", "looks things up"),
     ]
 
@@ -56,7 +69,11 @@ def test_strict_json_refuses(body: bytes, code: ErrorCode) -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        _chat(model=""), _chat(model=None), _chat(stream=1), _chat(stream_options=[]), _chat(tools={}),
+        _chat(model=""),
+        _chat(model=None),
+        _chat(stream=1),
+        _chat(stream_options=[]),
+        _chat(tools={}),
         _chat(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}]),
         _chat(messages=[{"role": "user", "content": [{"text": "no type"}]}]),
         _chat(messages=[{"role": "assistant", "tool_calls": [{"function": {"arguments": {}}}]}]),
@@ -70,8 +87,12 @@ def test_openai_wrong_types(body: bytes) -> None:
 
 @pytest.mark.parametrize(
     ("method", "path", "op"),
-    [("POST", "/v1/chat/completions", _openai.CHAT), ("POST", "/v1/completions", _openai.COMPLETION),
-     ("GET", "/v1/models", _openai.MODELS), ("GET", "/v1/models/x@1", _openai.MODEL)],
+    [
+        ("POST", "/v1/chat/completions", _openai.CHAT),
+        ("POST", "/v1/completions", _openai.COMPLETION),
+        ("GET", "/v1/models", _openai.MODELS),
+        ("GET", "/v1/models/x@1", _openai.MODEL),
+    ],
 )
 def test_openai_operations(method: str, path: str, op: str) -> None:
     assert _openai.operation_for(method, path) == op
@@ -95,8 +116,13 @@ def test_kserve_paths(method: str, path: str, op: str, ref: str | None) -> None:
 
 @pytest.mark.parametrize(
     ("method", "path", "status"),
-    [("POST", "/v2/repository/models/m/load", 403), ("GET", "/v2/models/m/infer", 405),
-     ("GET", "/v2/models", 404), ("GET", "/v2/models//infer", 404), ("GET", "/v2/health/other", 404)],
+    [
+        ("POST", "/v2/repository/models/m/load", 403),
+        ("GET", "/v2/models/m/infer", 405),
+        ("GET", "/v2/models", 404),
+        ("GET", "/v2/models//infer", 404),
+        ("GET", "/v2/health/other", 404),
+    ],
 )
 def test_kserve_bad_paths(method: str, path: str, status: int) -> None:
     with pytest.raises(ProtocolError) as e:
@@ -110,12 +136,25 @@ def _bytes_tensor(*items: str) -> bytes:
 
 def test_kserve_infer_json_and_binary_inputs() -> None:
     data = _bytes_tensor("héllo", "二")
-    header = json.dumps({"inputs": [
-        {"name": "a", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}},
-        {"name": "b", "shape": [1, 1], "datatype": "BYTES", "data": [["plain"]]},
-    ]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "a",
+                    "shape": [2],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(data)},
+                },
+                {"name": "b", "shape": [1, 1], "datatype": "BYTES", "data": [["plain"]]},
+            ]
+        }
+    ).encode()
     p = _kserve.parse_request(_kserve.KPath(_kserve.INFER, "m"), header + data, str(len(header)))
-    assert [(s.role, s.text) for s in p.segments] == [("input:a", "héllo"), ("input:a", "二"), ("input:b", "plain")]
+    assert [(s.role, s.text) for s in p.segments] == [
+        ("input:a", "héllo"),
+        ("input:a", "二"),
+        ("input:b", "plain"),
+    ]
 
 
 _JSON_ONLY = b'{"inputs": [{"name": "a", "datatype": "BYTES", "data": ["x"]}]}'
@@ -140,17 +179,29 @@ def test_truncated_bytes_element() -> None:
 
 
 def test_kserve_generate_fields() -> None:
-    p = _kserve.parse_request(_kserve.KPath(_kserve.GENERATE, "m"),
-                              b'{"text_input": "q", "docs": ["d1", "d2"], "max_tokens": 5, "parameters": {"t": 1}}',
-                              None)
+    p = _kserve.parse_request(
+        _kserve.KPath(_kserve.GENERATE, "m"),
+        b'{"text_input": "q", "docs": ["d1", "d2"], "max_tokens": 5, "parameters": {"t": 1}}',
+        None,
+    )
     assert [s.text for s in p.segments] == ["q", "d1", "d2"]
 
 
 def test_kserve_infer_answer_with_binary_outputs() -> None:
     data = _bytes_tensor("out1")
-    header = json.dumps({"outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [1],
-                                      "parameters": {"binary_data_size": len(data)}},
-                                     {"name": "logits", "datatype": "FP32", "shape": [1], "data": [0.5]}]}).encode()
+    header = json.dumps(
+        {
+            "outputs": [
+                {
+                    "name": "text_output",
+                    "datatype": "BYTES",
+                    "shape": [1],
+                    "parameters": {"binary_data_size": len(data)},
+                },
+                {"name": "logits", "datatype": "FP32", "shape": [1], "data": [0.5]},
+            ]
+        }
+    ).encode()
     a = Answer()
     _kserve.answer_from_body(_kserve.INFER, header + data, str(len(header)), a)
     assert a.text(0) == "out1" and a.done

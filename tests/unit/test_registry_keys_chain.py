@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from filters.base import CONTINUE, BaseFilter, Continue, Decision, Deny, Phase, RequestContext
-from filters.chain import Chain, available, build, BuildEnv
+from filters.chain import BuildEnv, Chain, available, build
 from filters.principal import ApiKeyPrincipal, KeyFileError, KeyStore, digest, new_key
 from gateway import envoy_config
 from gateway.registry import Protocol, Registry, RegistryError, parse_ref
@@ -32,8 +32,12 @@ models:
 
 @pytest.mark.parametrize(
     ("ref", "parsed"),
-    [("llama3-8b@v2.4:abc123", ("llama3-8b", "v2.4", "abc123")), ("m", ("m", None, None)),
-     ("m@1", ("m", "1", None)), ("m:ABCD", ("m", None, "abcd"))],
+    [
+        ("llama3-8b@v2.4:abc123", ("llama3-8b", "v2.4", "abc123")),
+        ("m", ("m", None, None)),
+        ("m@1", ("m", "1", None)),
+        ("m:ABCD", ("m", None, "abcd")),
+    ],
 )
 def test_parse_ref(ref: str, parsed: tuple[str, str | None, str | None]) -> None:
     r = parse_ref(ref)
@@ -96,8 +100,11 @@ def _ctx(headers: dict[str, str]) -> RequestContext:
 async def test_principal_from_hashed_keys(tmp_path: Path) -> None:
     key = new_key()
     f = tmp_path / "keys.yaml"
-    f.write_text(yaml.safe_dump({"keys": [{"id": "k", "sha256": digest(key), "user": "u", "tenant": "t",
-                                           "groups": ["g"]}]}))
+    f.write_text(
+        yaml.safe_dump(
+            {"keys": [{"id": "k", "sha256": digest(key), "user": "u", "tenant": "t", "groups": ["g"]}]}
+        )
+    )
     filt = ApiKeyPrincipal(KeyStore.load(f))
     ctx = _ctx({"authorization": f"Bearer {key}"})
     d = await filt.on_request_headers(ctx)
@@ -110,9 +117,11 @@ async def test_principal_from_hashed_keys(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "keys",
-    [{"keys": [{"id": "k", "sha256": "ABC", "user": "u", "tenant": "t"}]},
-     {"keys": [{"id": "k", "sha256": "a" * 64, "user": "u", "tenant": "t", "admin": True}]},
-     {"keys": [{"id": "k", "sha256": "a" * 64, "user": "u", "tenant": "t"}] * 2}],
+    [
+        {"keys": [{"id": "k", "sha256": "ABC", "user": "u", "tenant": "t"}]},
+        {"keys": [{"id": "k", "sha256": "a" * 64, "user": "u", "tenant": "t", "admin": True}]},
+        {"keys": [{"id": "k", "sha256": "a" * 64, "user": "u", "tenant": "t"}] * 2},
+    ],
 )
 def test_bad_key_files(tmp_path: Path, keys: object) -> None:
     f = tmp_path / "k.yaml"
@@ -153,7 +162,11 @@ async def test_chain_folds_in_order_and_stops_at_deny() -> None:
     ctx = _ctx({})
     assert await chain.request_headers(ctx) == Continue(set_headers=(("x-a", "1"),))
     assert await chain.request_body(ctx, b"bad") == Deny(403, "x", "no")
-    assert [(v.filter, v.action) for v in ctx.verdicts] == [("set", "mutate"), ("set", "mutate"), ("deny", "deny")]
+    assert [(v.filter, v.action) for v in ctx.verdicts] == [
+        ("set", "mutate"),
+        ("set", "mutate"),
+        ("deny", "deny"),
+    ]
 
 
 def test_unknown_filter_is_an_error() -> None:
@@ -164,9 +177,11 @@ def test_unknown_filter_is_an_error() -> None:
 
 @pytest.mark.parametrize(
     ("env", "message"),
-    [({"ZTGATE_PHASE_BUDGET_S": "3", "ZTGATE_MESSAGE_TIMEOUT_S": "2"}, "message timeout"),
-     ({"ZTGATE_LISTEN_PORT": "eighty"}, "integer"),
-     ({"ZTGATE_MAX_REQUEST_BODY_BYTES": str(64 << 20)}, "buffer limit")],
+    [
+        ({"ZTGATE_PHASE_BUDGET_S": "3", "ZTGATE_MESSAGE_TIMEOUT_S": "2"}, "message timeout"),
+        ({"ZTGATE_LISTEN_PORT": "eighty"}, "integer"),
+        ({"ZTGATE_MAX_REQUEST_BODY_BYTES": str(64 << 20)}, "buffer limit"),
+    ],
 )
 def test_settings_refuse_unsafe_combinations(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -183,8 +198,10 @@ def test_envoy_config_is_fail_closed_and_lists_every_worker() -> None:
     assert ext["allow_mode_override"] is True
     clusters = {c["name"]: c for c in doc["static_resources"]["clusters"]}
     assert set(clusters) == {"ztgate_extproc", "up_a", "up_t"}
-    ports = [e["endpoint"]["address"]["socket_address"]["port_value"]
-             for e in clusters["ztgate_extproc"]["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    ports = [
+        e["endpoint"]["address"]["socket_address"]["port_value"]
+        for e in clusters["ztgate_extproc"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    ]
     assert ports == [1, 2, 3]
     routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
     assert routes[-1]["direct_response"]["status"] == 403

@@ -12,7 +12,9 @@ from filters import _kserve, _openai
 from filters._protocols import Answer, ProtocolError
 from filters._sse import SSEError, SSEParser
 
-TEXTS = st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12), min_size=1, max_size=8)
+TEXTS = st.lists(
+    st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=12), min_size=1, max_size=8
+)
 
 
 def _chunks(raw: bytes, cuts: list[int]) -> list[bytes]:
@@ -21,8 +23,11 @@ def _chunks(raw: bytes, cuts: list[int]) -> list[bytes]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(pieces=st.lists(TEXTS, min_size=1, max_size=3), cuts=st.lists(st.integers(0, 10_000), max_size=20),
-       crlf=st.booleans())
+@given(
+    pieces=st.lists(TEXTS, min_size=1, max_size=3),
+    cuts=st.lists(st.integers(0, 10_000), max_size=20),
+    crlf=st.booleans(),
+)
 def test_openai_stream_reassembles_per_choice_for_any_split(
     pieces: list[list[str]], cuts: list[int], crlf: bool
 ) -> None:
@@ -61,16 +66,20 @@ def test_sse_rejects_invalid_utf8_and_oversized_events() -> None:
 def test_usage_chunk_and_finish_reason() -> None:
     a = Answer()
     p = SSEParser()
-    raw = (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}\n\n'
-           b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"length"}]}\n\n'
-           b'data: {"choices":[],"usage":{"completion_tokens":1}}\n\ndata: [DONE]\n\n')
+    raw = (
+        b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"length"}]}\n\n'
+        b'data: {"choices":[],"usage":{"completion_tokens":1}}\n\ndata: [DONE]\n\n'
+    )
     _openai.answer_from_sse(_openai.CHAT, p, raw, True, a)
     assert a.text() == "x" and a.finish == {0: "length"} and a.usage == {"completion_tokens": 1} and a.done
 
 
 def test_completion_answers_json_and_stream() -> None:
     a = Answer()
-    _openai.answer_from_json(_openai.COMPLETION, b'{"choices":[{"index":1,"text":"b"},{"index":0,"text":"a"}]}', a)
+    _openai.answer_from_json(
+        _openai.COMPLETION, b'{"choices":[{"index":1,"text":"b"},{"index":0,"text":"a"}]}', a
+    )
     assert (a.text(0), a.text(1)) == ("a", "b")
 
 
@@ -85,7 +94,9 @@ def test_malformed_answers_raise_protocol_error() -> None:
 @settings(max_examples=100, deadline=None)
 @given(parts=TEXTS, cuts=st.lists(st.integers(0, 10_000), max_size=10))
 def test_kserve_generate_stream_without_done(parts: list[str], cuts: list[int]) -> None:
-    raw = b"".join(b"data: " + json.dumps({"model_name": "m", "text_output": t}).encode() + b"\n\n" for t in parts)
+    raw = b"".join(
+        b"data: " + json.dumps({"model_name": "m", "text_output": t}).encode() + b"\n\n" for t in parts
+    )
     a = Answer()
     p = SSEParser()
     chunks = _chunks(raw, cuts)

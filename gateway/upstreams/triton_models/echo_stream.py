@@ -19,4 +19,3 @@ class TritonPythonModel:
                 out = pb_utils.Tensor("text_output", np.array([piece.encode()], dtype=np.object_))
                 sender.send(pb_utils.InferenceResponse([out]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None

@@ -1,0 +1,65 @@
+"""compose.yaml: valid by the Compose Specification's schema, and what the schema cannot see."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = ROOT.parent / "shared" / "schemas" / "compose-spec.json"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    return doc
+
+
+def test_valid_against_compose_spec(compose: dict[str, Any]) -> None:
+    # The schema names draft-07 by a URL jsonschema does not recognise ("https", no "#"): say it.
+    jsonschema.Draft7Validator(json.loads(SCHEMA.read_text())).validate(compose)
+
+
+def test_required_services(compose: dict[str, Any]) -> None:
+    assert {"envoy", "gateway", "redis", "consul", "triton", "vllm"} <= set(compose["services"])
+    assert compose["services"]["vllm"]["profiles"] == ["gpu"]
+
+
+def test_images_pinned(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        image = svc["image"]
+        tag = image.rsplit(":", 1)[-1] if ":" in image.split("/")[-1] else ""
+        assert re.match(r"^v?\d+\.\d+(\.\d+)?", tag) or "@sha256:" in image, f"{name}: {image} is not pinned"
+
+
+def test_healthchecks_and_healthy_dependencies(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+        for dep, cond in (svc.get("depends_on") or {}).items():
+            assert cond == {"condition": "service_healthy"}, f"{name} -> {dep}"
+
+
+def test_only_the_client_listener_is_published(compose: dict[str, Any]) -> None:
+    published = {name: svc.get("ports", []) for name, svc in compose["services"].items() if svc.get("ports")}
+    assert published == {"envoy": ["8080:8080"]}
+
+
+def test_one_envoy_config_source(compose: dict[str, Any]) -> None:
+    cmd = " ".join(compose["services"]["envoy"]["command"])
+    assert "ztgate envoy-config" in cmd and "envoy -c" in cmd
+    assert not list(ROOT.glob("deploy/**/envoy*.y*ml"))
+
+
+def test_compose_registry_is_valid() -> None:
+    from gateway.registry import Registry
+
+    reg = Registry.load(ROOT / "deploy" / "registry.yaml")
+    assert {u.host for u in reg.spec.upstreams.values()} <= set(
+        yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    )
