@@ -108,6 +108,8 @@ class Chain:
         self.phases = Phase.NONE
         for f in self.filters:
             self.phases |= f.phases
+        # Flag arithmetic is slow in Python: who runs in which phase is settled once, here.
+        self._by_phase: dict[Phase, tuple[Filter, ...]] = {}
 
     @property
     def names(self) -> list[str]:
@@ -123,9 +125,10 @@ class Chain:
         body: bytes | None = None,
     ) -> Decision:
         acc: Continue = CONTINUE
-        for f in self.filters:
-            if not f.phases & phase:
-                continue
+        members = self._by_phase.get(phase)
+        if members is None:
+            members = self._by_phase[phase] = tuple(f for f in self.filters if f.phases & phase)
+        for f in members:
             t0 = time.perf_counter()
             d = await call(f, body)
             dt = time.perf_counter() - t0

@@ -61,8 +61,26 @@ class Metrics:
         )
         self.requests = Counter("ztgate_requests_total", "Requests by final outcome", ["outcome"])
         self.failures = Counter("ztgate_chain_failures_total", "Chain errors and timeouts (denied)", ["kind"])
+        # labels() costs ~8 µs per call; the label sets are few and fixed, so keep the children.
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (metric._name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def record(self, filter_name: str, phase: str, action: str, seconds: float) -> None:
-        """Chain recorder callback."""
-        self.filter_seconds.labels(filter_name, phase).observe(seconds)
-        self.decisions.labels(filter_name, phase, action).inc()
+        """Chain recorder callback: latency always; decisions that stop a request (deny/respond)."""
+        self._child(self.filter_seconds, filter_name, phase).observe(seconds)
+        if action in ("deny", "respond"):
+            self._child(self.decisions, filter_name, phase, action).inc()
+
+    def phase(self, phase: str, seconds: float) -> None:
+        """One whole phase of the chain took this long."""
+        self._child(self.phase_seconds, phase).observe(seconds)
+
+    def outcome(self, outcome: str) -> None:
+        """A request ended with this outcome."""
+        self._child(self.requests, outcome).inc()

@@ -20,6 +20,7 @@ from filters.base import Continue, Decision, Deny, Phase, RequestContext, Respon
 from filters.chain import Chain
 from gateway.errors import ErrorCode
 from gateway.extproc import convert as cv
+from gateway.extproc._budget import within
 from gateway.observability import Metrics, log, where
 from gateway.registry import Registry
 
@@ -50,18 +51,15 @@ class ExtProcServer:
         self._metrics = metrics
         self._log = log()
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        """The generic handler serving /envoy.service.ext_proc.v3.ExternalProcessor/Process."""
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "Process": grpc.stream_stream_rpc_method_handler(
-                    self.process,
-                    request_deserializer=cv.ProcessingRequest.FromString,
-                    response_serializer=cv.ProcessingResponse.SerializeToString,
-                )
-            },
-        )
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """Method handlers of /envoy.service.ext_proc.v3.ExternalProcessor (just Process)."""
+        return {
+            "Process": grpc.stream_stream_rpc_method_handler(
+                self.process,
+                request_deserializer=cv.ProcessingRequest.FromString,
+                response_serializer=cv.ProcessingResponse.SerializeToString,
+            )
+        }
 
     async def process(
         self, requests: AsyncIterator[cv.Message], context: grpc.aio.ServicerContext
@@ -73,8 +71,7 @@ class ExtProcServer:
                 t0 = time.perf_counter()
                 kind = req.WhichOneof("request")
                 try:
-                    async with asyncio.timeout(self._budget):
-                        resp = await self._handle(kind, req, st)
+                    resp = await within(self._budget, self._handle(kind, req, st))
                 except TimeoutError:
                     self._metrics.failures.labels("timeout").inc()
                     self._log.warning("phase_timeout", request_id=self._rid(st), phase=kind)
@@ -89,7 +86,7 @@ class ExtProcServer:
                         at=where(exc),
                     )
                     resp = self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
-                self._metrics.phase_seconds.labels(kind or "unknown").observe(time.perf_counter() - t0)
+                self._metrics.phase(kind or "unknown", time.perf_counter() - t0)
                 yield resp
                 if resp.HasField("immediate_response"):
                     return
@@ -235,7 +232,7 @@ class ExtProcServer:
                 "chain_end_error", request_id=ctx.request_id, error_type=type(exc).__name__, at=where(exc)
             )
         status = st.status or ctx.response_status or 0
-        self._metrics.requests.labels(st.outcome).inc()
+        self._metrics.outcome(st.outcome)
         route = ctx.route
         self._log.info(
             "request",
@@ -262,7 +259,8 @@ async def serve(server_impl: ExtProcServer, host: str, port: int, ready: asyncio
             ("grpc.so_reuseport", 0),
         ]
     )
-    server.add_generic_rpc_handlers((server_impl.handler(),))
+    # Registered (not generic) handlers: gRPC matches the method in C, per stream.
+    server.add_registered_method_handlers(SERVICE, server_impl.handlers())
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind ext_proc port {host}:{port}")

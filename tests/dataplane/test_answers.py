@@ -32,7 +32,9 @@ def _split(raw: bytes, rng: random.Random) -> list[bytes]:
 def test_sse_stream_arrives_byte_identical_across_odd_chunking(
     client: httpx.Client, openai_up: ScriptedUpstream, seed: int
 ) -> None:
-    deltas: list[dict[str, Any]] = [{"choices": [{"index": 0, "delta": {"content": w}}]} for w in ["Hé", "llo ", "wörld ", "你好"]]
+    deltas: list[dict[str, Any]] = [
+        {"choices": [{"index": 0, "delta": {"content": w}}]} for w in ["Hé", "llo ", "wörld ", "你好"]
+    ]
     deltas += [
         {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
         {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 4}},
