@@ -138,17 +138,16 @@ def _index(choice: dict[str, Any], fallback: int) -> int:
     return idx if isinstance(idx, int) and idx >= 0 else fallback
 
 
-def answer_from_json(op: str, body: bytes, answer: Answer) -> None:
-    """Fill `answer` from a whole (non-streamed) response body."""
-    doc = strict_json(body, "upstream answer")
+def _take(op: str, doc: Any, message_key: str, answer: Answer) -> None:
+    """Add one answer document's choices (`message` when whole, `delta` when streamed) and usage."""
     if isinstance(doc, dict) and "error" in doc:
         answer.upstream_error = True
         return
     for n, choice in enumerate(_choices(doc)):
         idx = _index(choice, n)
         if op == CHAT:
-            msg = choice.get("message") or {}
-            content = msg.get("content") if isinstance(msg, dict) else None
+            part = choice.get(message_key) or {}
+            content = part.get("content") if isinstance(part, dict) else None
             if isinstance(content, str):
                 answer.add(idx, content)
         elif isinstance(choice.get("text"), str):
@@ -157,6 +156,11 @@ def answer_from_json(op: str, body: bytes, answer: Answer) -> None:
             answer.finish[idx] = choice["finish_reason"]
     if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
         answer.usage = doc["usage"]
+
+
+def answer_from_json(op: str, body: bytes, answer: Answer) -> None:
+    """Fill `answer` from a whole (non-streamed) response body."""
+    _take(op, strict_json(body, "upstream answer"), "message", answer)
     answer.done = True
 
 
@@ -169,21 +173,5 @@ def answer_from_sse(op: str, parser: SSEParser, chunk: bytes, end: bool, answer:
         answer.events += 1
         if ev.data == "[DONE]":
             answer.done = True
-            continue
-        doc = strict_json(ev.data.encode(), "upstream stream event")
-        if isinstance(doc, dict) and "error" in doc:
-            answer.upstream_error = True
-            continue
-        for n, choice in enumerate(_choices(doc)):
-            idx = _index(choice, n)
-            if op == CHAT:
-                delta = choice.get("delta") or {}
-                content = delta.get("content") if isinstance(delta, dict) else None
-                if isinstance(content, str):
-                    answer.add(idx, content)
-            elif isinstance(choice.get("text"), str):
-                answer.add(idx, choice["text"])
-            if isinstance(choice.get("finish_reason"), str):
-                answer.finish[idx] = choice["finish_reason"]
-        if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
-            answer.usage = doc["usage"]
+        else:
+            _take(op, strict_json(ev.data.encode(), "upstream stream event"), "delta", answer)

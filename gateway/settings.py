@@ -9,28 +9,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
 
 _PACKAGE_DEFAULTS = Path(__file__).resolve().parent / "defaults"
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
+def _num(env: Mapping[str, str], name: str, default: N) -> N:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        return type(default)(raw)
     except ValueError as exc:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from exc
+        kind = "an integer" if isinstance(default, int) else "a number"
+        raise ValueError(f"{name} must be {kind}, got {raw!r}") from exc
 
 
 def _list(raw: str) -> tuple[str, ...]:
@@ -74,19 +68,19 @@ class Settings:
             raise ValueError(f"ZTGATE_WORKER_PORTS must be comma-separated ports, got {ports_raw!r}") from exc
         s = cls(
             listen_address=e.get("ZTGATE_LISTEN_ADDRESS", cls.listen_address),
-            listen_port=_int(e, "ZTGATE_LISTEN_PORT", cls.listen_port),
+            listen_port=_num(e, "ZTGATE_LISTEN_PORT", cls.listen_port),
             admin_address=e.get("ZTGATE_ADMIN_ADDRESS", cls.admin_address),
-            admin_port=_int(e, "ZTGATE_ADMIN_PORT", cls.admin_port),
-            envoy_admin_port=_int(e, "ZTGATE_ENVOY_ADMIN_PORT", cls.envoy_admin_port),
+            admin_port=_num(e, "ZTGATE_ADMIN_PORT", cls.admin_port),
+            envoy_admin_port=_num(e, "ZTGATE_ENVOY_ADMIN_PORT", cls.envoy_admin_port),
             worker_host=e.get("ZTGATE_WORKER_HOST", cls.worker_host),
             worker_ports=ports,
             registry_file=Path(e.get("ZTGATE_REGISTRY_FILE", str(cls.registry_file))),
             keys_file=Path(e.get("ZTGATE_KEYS_FILE", str(cls.keys_file))),
-            phase_budget_s=_float(e, "ZTGATE_PHASE_BUDGET_S", cls.phase_budget_s),
-            message_timeout_s=_float(e, "ZTGATE_MESSAGE_TIMEOUT_S", cls.message_timeout_s),
-            upstream_timeout_s=_float(e, "ZTGATE_UPSTREAM_TIMEOUT_S", cls.upstream_timeout_s),
-            max_request_body_bytes=_int(e, "ZTGATE_MAX_REQUEST_BODY_BYTES", cls.max_request_body_bytes),
-            buffer_limit_bytes=_int(e, "ZTGATE_BUFFER_LIMIT_BYTES", cls.buffer_limit_bytes),
+            phase_budget_s=_num(e, "ZTGATE_PHASE_BUDGET_S", cls.phase_budget_s),
+            message_timeout_s=_num(e, "ZTGATE_MESSAGE_TIMEOUT_S", cls.message_timeout_s),
+            upstream_timeout_s=_num(e, "ZTGATE_UPSTREAM_TIMEOUT_S", cls.upstream_timeout_s),
+            max_request_body_bytes=_num(e, "ZTGATE_MAX_REQUEST_BODY_BYTES", cls.max_request_body_bytes),
+            buffer_limit_bytes=_num(e, "ZTGATE_BUFFER_LIMIT_BYTES", cls.buffer_limit_bytes),
             state_dir=Path(e.get("ZTGATE_STATE_DIR", str(cls.state_dir))),
             log_level=e.get("ZTGATE_LOG_LEVEL", cls.log_level),
             filters=_list(e.get("ZTGATE_FILTERS", "")) or cls.filters,

@@ -33,6 +33,9 @@ async def _main(port: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: task.cancel() if task else None)
     log().info("worker_start", port=port, filters=chain.names, registry=registry.revision)
+    if "principal" not in chain.names:
+        # Allowed (e.g. the benchmark's floor), but never silently: this chain serves anonymous traffic.
+        log().warning("chain_without_principal", filters=chain.names)
     with contextlib.suppress(asyncio.CancelledError):
         await serve(impl, settings.worker_host, port)
 
