@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import json
 import os
@@ -220,7 +221,24 @@ def _start_gateway(  # noqa: PLR0917 - a benchmark helper, called in one place
         ).start()
         p.wait_ready(lambda: http_ok(f"http://127.0.0.1:{s.envoy_admin_port}/ready"), 30)
         return Stack(name, s.listen_port, [p], p.popen.pid if p.popen else 0, [])
-    gw.start_gateway()
+    bare = filters == "bare"
+    if bare:
+        # Envoy of the real gateway, but the bare floor server in place of each worker.
+        s = dataclasses.replace(s, filters=("static_route",))
+        gw = Gateway(s, gw.registry, gw.run_dir)
+        os.environ["ZTGATE_FILTERS"] = "static_route"
+        for port in s.worker_ports:
+            p = Proc(
+                f"bare-{port}",
+                [sys.executable, "-m", "bench.bare_extproc", str(port), "up_bench"],
+                gw.run_dir / f"bare-{port}.log",
+            ).start()
+            gw.procs.append(p)
+            gw.workers.append(p)
+            p.wait_ready(functools.partial(port_open, "127.0.0.1", port), 30)
+        gw.start_gateway(with_workers=False)
+    else:
+        gw.start_gateway()
     if gw.envoy is None or gw.envoy.popen is None:
         raise RuntimeError("envoy did not start")
     return Stack(
@@ -318,6 +336,7 @@ def main() -> None:
     args = ap.parse_args()
     configs = [
         ("envoy-only", "static_route", True),
+        ("grpc floor", "bare", False),
         ("no-op chain", "static_route", False),
         ("full chain", "principal,protocol,route", False),
     ]
@@ -351,7 +370,7 @@ def main() -> None:
                             "envoy_us": (cpu1[0] - cpu0[0]) / n * 1e6,
                             "workers_us": (cpu1[1] - cpu0[1]) / n * 1e6,
                         }
-                    if filters != "static_route" or envoy_only:
+                    if name in ("envoy-only", "full chain"):
                         ttft[name] = asyncio.run(_ttft(stack.url_port, args.ttft))
                 finally:
                     stop_all(stack.procs)

@@ -56,6 +56,8 @@ class Settings:
     static_upstream: str = ""
     # Extra modules that register filters (`@register`), imported before the chain is built.
     filter_modules: tuple[str, ...] = ()
+    # Where workers write their metric snapshots for the admin endpoint (set by `ztgate up`).
+    metrics_dir: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -86,6 +88,7 @@ class Settings:
             filters=_list(e.get("ZTGATE_FILTERS", "")) or cls.filters,
             static_upstream=e.get("ZTGATE_STATIC_UPSTREAM", ""),
             filter_modules=_list(e.get("ZTGATE_FILTER_MODULES", "")),
+            metrics_dir=Path(e["ZTGATE_METRICS_DIR"]) if e.get("ZTGATE_METRICS_DIR") else None,
         )
         s.check()
         return s

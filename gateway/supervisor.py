@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gateway import envoy_config
+from gateway import envoy_config, metrics
 from gateway.observability import log, setup_logging
 from gateway.procs import Proc, StartError, free_port, http_ok, port_open, stop_all
 from gateway.registry import Protocol, Registry
@@ -49,7 +49,7 @@ class Gateway:
     def env(self) -> dict[str, str]:
         """Environment for the workers: the same settings, and the shared metrics directory."""
         e = dict(os.environ)
-        e["PROMETHEUS_MULTIPROC_DIR"] = str(self.run_dir / "metrics")
+        e["ZTGATE_METRICS_DIR"] = str(self.run_dir / "metrics")
         e["ZTGATE_REGISTRY_FILE"] = str(self.settings.registry_file)
         e["ZTGATE_KEYS_FILE"] = str(self.settings.keys_file)
         e["ZTGATE_WORKER_PORTS"] = ",".join(str(p) for p in self.settings.worker_ports)
@@ -81,23 +81,24 @@ class Gateway:
             p.wait_ready(functools.partial(http_ok, check), timeout)
             log().info("upstream_ready", upstream=name, protocol=up.protocol.value, port=up.port)
 
-    def start_gateway(self, *, with_envoy: bool = True) -> None:
-        """Workers, then Envoy (unless Envoy runs elsewhere, as in compose)."""
-        metrics = self.run_dir / "metrics"
-        shutil.rmtree(metrics, ignore_errors=True)
-        metrics.mkdir(parents=True)
-        env = self.env()
-        for port in self.settings.worker_ports:
-            p = Proc(
-                f"worker-{port}",
-                [sys.executable, "-m", "gateway.worker", str(port)],
-                self.run_dir / "logs" / f"worker-{port}.log",
-                env=env,
-            )
-            self.procs.append(p.start())
-            self.workers.append(p)
-        for p, port in zip(self.workers, self.settings.worker_ports, strict=True):
-            p.wait_ready(functools.partial(port_open, _connectable(self.settings.worker_host), port), 30)
+    def start_gateway(self, *, with_envoy: bool = True, with_workers: bool = True) -> None:
+        """Workers, then Envoy (unless Envoy runs elsewhere, as in compose, or the workers do)."""
+        if with_workers:
+            metrics = self.run_dir / "metrics"
+            shutil.rmtree(metrics, ignore_errors=True)
+            metrics.mkdir(parents=True)
+            env = self.env()
+            for port in self.settings.worker_ports:
+                p = Proc(
+                    f"worker-{port}",
+                    [sys.executable, "-m", "gateway.worker", str(port)],
+                    self.run_dir / "logs" / f"worker-{port}.log",
+                    env=env,
+                )
+                self.procs.append(p.start())
+                self.workers.append(p)
+            for p, port in zip(self.workers, self.settings.worker_ports, strict=True):
+                p.wait_ready(functools.partial(port_open, _connectable(self.settings.worker_host), port), 30)
         if not with_envoy:
             return
         cfg = envoy_config.write(self.settings, self.registry, self.run_dir / "envoy.json")
@@ -134,7 +135,6 @@ def _connectable(host: str) -> str:
 
 def admin_app(gw: Gateway) -> web.Application:
     """/healthz (process up), /readyz (Envoy + workers + registry), /metrics (all workers)."""
-    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -147,15 +147,19 @@ def admin_app(gw: Gateway) -> web.Application:
             status=200 if ok else 503,
         )
 
-    async def metrics(_: web.Request) -> web.Response:
-        reg = CollectorRegistry()
-        multiprocess.MultiProcessCollector(reg, path=str(gw.run_dir / "metrics"))  # type: ignore[no-untyped-call]
-        return web.Response(body=generate_latest(reg), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics_page(_: web.Request) -> web.Response:
+        text = metrics.render(await asyncio.to_thread(metrics.read_dir, gw.run_dir / "metrics"))
+        return web.Response(
+            text=text,
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", metrics_page)
     return app
 
 
@@ -219,7 +223,6 @@ def up(
     registry = Registry.load(settings.registry_file)
     run_dir = settings.state_dir / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / "metrics")
     gw = Gateway(settings, registry, run_dir)
     # SIGTERM during start-up must still stop what was started.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -10,12 +10,14 @@ import asyncio
 import contextlib
 import signal
 import sys
+from pathlib import Path
 
 import uvloop
 
 from filters.chain import BuildEnv, build
 from gateway.extproc.server import ExtProcServer, serve
-from gateway.observability import Metrics, log, setup_logging
+from gateway.metrics import Metrics
+from gateway.observability import log, setup_logging
 from gateway.registry import Registry
 from gateway.settings import Settings
 
@@ -36,8 +38,26 @@ async def _main(port: int) -> None:
     if "principal" not in chain.names:
         # Allowed (e.g. the benchmark's floor), but never silently: this chain serves anonymous traffic.
         log().warning("chain_without_principal", filters=chain.names)
-    with contextlib.suppress(asyncio.CancelledError):
-        await serve(impl, settings.worker_host, port)
+    mdir = settings.metrics_dir
+    flusher = asyncio.create_task(_flush_metrics(metrics, mdir, port)) if mdir else None
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(impl, settings.worker_host, port)
+    finally:
+        if flusher is not None:
+            flusher.cancel()
+        if mdir is not None:
+            metrics.write(mdir, f"worker-{port}")
+
+
+async def _flush_metrics(metrics: Metrics, directory: Path, port: int) -> None:
+    """Write this worker's metric snapshot once a second (the admin endpoint sums them)."""
+    while True:
+        await asyncio.sleep(1.0)
+        try:
+            metrics.write(directory, f"worker-{port}")
+        except OSError as exc:
+            log().warning("metrics_write_failed", error_type=type(exc).__name__)
 
 
 def main() -> None:

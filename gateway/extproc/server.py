@@ -21,7 +21,8 @@ from filters.chain import Chain
 from gateway.errors import ErrorCode
 from gateway.extproc import convert as cv
 from gateway.extproc._budget import within
-from gateway.observability import Metrics, log, where
+from gateway.metrics import Metrics
+from gateway.observability import log, where
 from gateway.registry import Registry
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -73,11 +74,11 @@ class ExtProcServer:
                 try:
                     resp = await within(self._budget, self._handle(kind, req, st))
                 except TimeoutError:
-                    self._metrics.failures.labels("timeout").inc()
+                    self._metrics.failure("timeout")
                     self._log.warning("phase_timeout", request_id=self._rid(st), phase=kind)
                     resp = self._deny(st, Deny(504, ErrorCode.GATEWAY_TIMEOUT, "the gateway took too long"))
                 except Exception as exc:  # noqa: BLE001 - any bug denies (fail closed), logged without values
-                    self._metrics.failures.labels("error").inc()
+                    self._metrics.failure("error")
                     self._log.error(
                         "chain_error",
                         request_id=self._rid(st),

@@ -55,7 +55,13 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             json={"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
         )
         assert r.status_code == 200, r.text
-        metrics = httpx.get(f"http://127.0.0.1:{ports['ADMIN']}/metrics").text
+        # Workers publish their metrics once a second.
+        until = time.monotonic() + 10
+        while "ztgate_requests_total" not in (
+            metrics := httpx.get(f"http://127.0.0.1:{ports['ADMIN']}/metrics").text
+        ):
+            assert time.monotonic() < until, metrics
+            time.sleep(0.2)
         assert 'ztgate_filter_seconds_count{filter="principal",phase="request_headers"}' in metrics
         assert 'ztgate_requests_total{outcome="allowed"}' in metrics
     finally:

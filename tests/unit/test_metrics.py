@@ -1,0 +1,37 @@
+"""Metrics: per-worker snapshots summed into valid Prometheus text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.metrics import Metrics, read_dir, render
+
+
+def test_snapshots_from_workers_are_summed(tmp_path: Path) -> None:
+    a, b = Metrics(), Metrics()
+    a.record("principal", "request_headers", "continue", 0.0003)
+    a.record("principal", "request_headers", "deny", 0.0003)
+    b.record("principal", "request_headers", "continue", 3.0)
+    a.outcome("allowed")
+    b.outcome("allowed")
+    b.failure("timeout")
+    a.write(tmp_path, "worker-1")
+    b.write(tmp_path, "worker-2")
+    (tmp_path / "worker-3.json").write_text("{half written")
+    text = render(read_dir(tmp_path))
+    lines = set(text.splitlines())
+    labels = 'filter="principal",phase="request_headers"'
+    assert f'ztgate_filter_seconds_bucket{{{labels},le="0.0005"}} 2.0' in lines
+    assert f'ztgate_filter_seconds_bucket{{{labels},le="2.5"}} 2.0' in lines
+    assert f'ztgate_filter_seconds_bucket{{{labels},le="+Inf"}} 3.0' in lines
+    assert f"ztgate_filter_seconds_count{{{labels}}} 3.0" in lines
+    assert 'ztgate_requests_total{outcome="allowed"} 2.0' in lines
+    assert 'ztgate_chain_failures_total{kind="timeout"} 1.0' in lines
+    assert f'ztgate_filter_decisions_total{{{labels},action="deny"}} 1.0' in lines
+    assert "# TYPE ztgate_filter_seconds histogram" in lines
+
+
+def test_label_values_are_escaped() -> None:
+    m = Metrics()
+    m.outcome('we"ird\\')
+    assert 'ztgate_requests_total{outcome="we\\"ird\\\\"} 1.0' in render([m.snapshot()])
