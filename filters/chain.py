@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from filters.base import CONTINUE, Continue, Decision, Deny, Filter, Phase, RequestContext, Respond, Verdict
+from filters.base import CONTINUE, Continue, Decision, Deny, Filter, Phase, RequestContext, Verdict
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -63,6 +63,15 @@ def build(names: Sequence[str], env: BuildEnv) -> Chain:
     return Chain(filters)
 
 
+_PHASE_MASKS = {
+    "request_headers": Phase.REQUEST_HEADERS,
+    "request_body": Phase.REQUEST_BODY,
+    # A filter that reads the answer also sees its headers (to know status and content type).
+    "response_headers": Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY,
+    "response_body": Phase.RESPONSE_BODY,
+}
+
+
 class Recorder(Protocol):
     """Receives one observation per filter hook run (metrics)."""
 
@@ -71,18 +80,6 @@ class Recorder(Protocol):
 
 def _no_record(filter_name: str, phase: str, action: str, seconds: float) -> None:
     return None
-
-
-def _action(d: Decision) -> str:
-    match d:
-        case Deny():
-            return "deny"
-        case Respond():
-            return "respond"
-        case Continue(body=None, set_headers=(), remove_headers=()):
-            return "continue"
-        case Continue():
-            return "mutate"
 
 
 def merge(a: Continue, b: Continue) -> Continue:
@@ -109,7 +106,9 @@ class Chain:
         for f in self.filters:
             self.phases |= f.phases
         # Flag arithmetic is slow in Python: who runs in which phase is settled once, here.
-        self._by_phase: dict[Phase, tuple[Filter, ...]] = {}
+        self._members: dict[str, tuple[Filter, ...]] = {
+            label: tuple(f for f in self.filters if f.phases & mask) for label, mask in _PHASE_MASKS.items()
+        }
 
     @property
     def names(self) -> list[str]:
@@ -117,67 +116,54 @@ class Chain:
         return [f.name for f in self.filters]
 
     async def _fold(
-        self,
-        ctx: RequestContext,
-        phase: Phase,
-        label: str,
-        call: Callable[[Filter, bytes | None], Awaitable[Decision]],
-        body: bytes | None = None,
+        self, ctx: RequestContext, label: str, body: bytes | None = None, end: bool = False
     ) -> Decision:
+        # The hot loop of the gateway: plain calls, no per-filter closures or pattern matching.
         acc: Continue = CONTINUE
-        members = self._by_phase.get(phase)
-        if members is None:
-            members = self._by_phase[phase] = tuple(f for f in self.filters if f.phases & phase)
-        for f in members:
-            t0 = time.perf_counter()
-            d = await call(f, body)
-            dt = time.perf_counter() - t0
-            action = _action(d)
-            self.recorder(f.name, label, action, dt)
-            ctx.verdicts.append(Verdict(f.name, label, action, dt))
-            match d:
-                case Deny() | Respond():
-                    return d
-                case Continue():
+        perf = time.perf_counter
+        record = self.recorder
+        verdicts = ctx.verdicts
+        for f in self._members[label]:
+            t0 = perf()
+            if label == "request_headers":
+                d = await f.on_request_headers(ctx)
+            elif label == "request_body":
+                d = await f.on_request_body(ctx, body or b"")
+            elif label == "response_headers":
+                d = await f.on_response_headers(ctx)
+            else:
+                d = await f.on_response_chunk(ctx, body or b"", end)
+            dt = perf() - t0
+            if isinstance(d, Continue):
+                empty = d is CONTINUE or (d.body is None and not d.set_headers and not d.remove_headers)
+                record(f.name, label, "continue" if empty else "mutate", dt)
+                verdicts.append(Verdict(f.name, label, "continue" if empty else "mutate", dt))
+                if not empty:
                     acc = merge(acc, d)
                     if d.body is not None:
                         body = d.body
+                continue
+            action = "deny" if isinstance(d, Deny) else "respond"
+            record(f.name, label, action, dt)
+            verdicts.append(Verdict(f.name, label, action, dt))
+            return d
         return acc
 
     async def request_headers(self, ctx: RequestContext) -> Decision:
         """Run every filter's on_request_headers."""
-        return await self._fold(
-            ctx, Phase.REQUEST_HEADERS, "request_headers", lambda f, _b: f.on_request_headers(ctx)
-        )
+        return await self._fold(ctx, "request_headers")
 
     async def request_body(self, ctx: RequestContext, body: bytes) -> Decision:
         """Run every filter's on_request_body; each sees the body as earlier filters left it."""
-        return await self._fold(
-            ctx,
-            Phase.REQUEST_BODY,
-            "request_body",
-            lambda f, b: f.on_request_body(ctx, b if b is not None else body),
-            body,
-        )
+        return await self._fold(ctx, "request_body", body)
 
     async def response_headers(self, ctx: RequestContext) -> Decision:
-        """Run every filter's on_response_headers."""
-        return await self._fold(
-            ctx,
-            Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY,
-            "response_headers",
-            lambda f, _b: f.on_response_headers(ctx),
-        )
+        """Run every filter's on_response_headers (filters wanting headers or the body)."""
+        return await self._fold(ctx, "response_headers")
 
     async def response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
         """Run every filter's on_response_chunk on one body chunk."""
-        return await self._fold(
-            ctx,
-            Phase.RESPONSE_BODY,
-            "response_body",
-            lambda f, b: f.on_response_chunk(ctx, b if b is not None else chunk, end),
-            chunk,
-        )
+        return await self._fold(ctx, "response_body", chunk, end)
 
     async def end(self, ctx: RequestContext) -> None:
         """Every filter's on_end, whatever happened; one failing does not skip the others."""

@@ -169,6 +169,37 @@ def start_gateway(
     env: dict[str, str] | None = None,
     demo_upstreams: bool = False,
 ) -> GatewayEnv:
+    """Start workers and Envoy (and the demo upstreams if asked) on random loopback ports.
+
+    A port picked as free can be taken by some client's ephemeral port before we bind it; such a
+    start is retried with fresh ports (twice at most), any other failure is raised at once.
+    """
+    from gateway.procs import StartError
+
+    for attempt in range(3):
+        try:
+            return _start_gateway(
+                tmp / f"try{attempt}", registry, workers=workers, env=env, demo_upstreams=demo_upstreams
+            )
+        except StartError as exc:
+            if attempt == 2 or not _port_clash(str(exc)):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _port_clash(message: str) -> bool:
+    m = message.lower()
+    return "address already in use" in m or "cannot bind" in m or "already taken" in m
+
+
+def _start_gateway(
+    tmp: Path,
+    registry: dict[str, Any],
+    *,
+    workers: int = 2,
+    env: dict[str, str] | None = None,
+    demo_upstreams: bool = False,
+) -> GatewayEnv:
     """Start workers and Envoy (and the demo upstreams if asked) on random loopback ports."""
     tmp.mkdir(parents=True, exist_ok=True)
     reg_path = tmp / "registry.yaml"

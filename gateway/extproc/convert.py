@@ -18,6 +18,7 @@ ProcessingRequest = pb.ProcessingRequest
 ProcessingResponse = pb.ProcessingResponse
 HeadersResponse = pb.HeadersResponse
 BodyResponse = pb.BodyResponse
+CommonResponse = pb.CommonResponse
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 _PM = processing_mode_pb2.ProcessingMode
@@ -30,11 +31,14 @@ BUFFERED = _PM.BUFFERED
 
 def headers_to_dict(hm: Message) -> dict[str, str]:
     """Envoy's header map as lower-case name → value (repeated headers joined with ', ')."""
-    out: dict[str, str] = {}
-    for h in hm.headers:
-        value = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
-        key = h.key.lower()
-        out[key] = f"{out[key]}, {value}" if key in out else value
+    pairs = [(h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value) for h in hm.headers]
+    out = dict(pairs)
+    if len(out) == len(pairs) and all(k.islower() for k in out):
+        return out  # the common case: Envoy sends lower-case names, each once
+    out = {}
+    for key, value in pairs:
+        k = key.lower()
+        out[k] = f"{out[k]}, {value}" if k in out else value
     return out
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from filters._protocols import Answer
-from filters.base import Continue, Decision, Deny, Phase, RequestContext, Respond
+from filters.base import CONTINUE, Continue, Decision, Deny, Phase, RequestContext, Respond
 from filters.chain import Chain
 from gateway.errors import ErrorCode
 from gateway.extproc import convert as cv
@@ -27,6 +27,10 @@ from gateway.registry import Registry
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 OWNED_PREFIX = "x-ztgate-"
+
+
+# Read-only and reused: gRPC serializes it afresh for every stream.
+_PASS_RESPONSE_CHUNK = cv.ProcessingResponse(response_body=cv.BodyResponse(response=cv.CommonResponse()))
 
 
 @dataclass(slots=True)
@@ -120,6 +124,8 @@ class ExtProcServer:
             return await self._response_headers(req.response_headers, st, ctx)
         if kind == "response_body":
             d = await self._chain.response_chunk(ctx, req.response_body.body, req.response_body.end_of_stream)
+            if d is CONTINUE:
+                return _PASS_RESPONSE_CHUNK  # the usual streamed chunk: nothing to build
             return self._after(
                 st,
                 d,

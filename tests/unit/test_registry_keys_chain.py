@@ -205,3 +205,16 @@ def test_envoy_config_is_fail_closed_and_lists_every_worker() -> None:
     assert ports == [1, 2, 3]
     routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
     assert routes[-1]["direct_response"]["status"] == 403
+
+
+def test_header_conversion_lowercases_and_joins_repeats() -> None:
+    from envoy.config.core.v3 import base_pb2
+
+    from gateway.extproc.convert import headers_to_dict
+
+    def hm(pairs: list[tuple[str, bytes]]) -> object:
+        return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v) for k, v in pairs])
+
+    assert headers_to_dict(hm([(":path", b"/x"), ("a", b"1")])) == {":path": "/x", "a": "1"}
+    assert headers_to_dict(hm([("X-1", b"1"), ("a", b"2"), ("a", b"3")])) == {"x-1": "1", "a": "2, 3"}
+    assert headers_to_dict(hm([("x-ztgate-upstream", b"\xff")])) == {"x-ztgate-upstream": "\ufffd"}
