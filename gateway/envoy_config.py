@@ -45,7 +45,18 @@ def _cluster(
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         }
-        # A dead worker is taken out of rotation rather than failing every other request.
+        # A dead worker is taken out of rotation (connect checks every second, and ejection after
+        # consecutive failures) rather than failing every other request.
+        c["health_checks"] = [
+            {
+                "timeout": "0.5s",
+                "interval": "1s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "tcp_health_check": {},
+                "no_traffic_interval": "1s",
+            }
+        ]
         c["outlier_detection"] = {
             "consecutive_gateway_failure": 3,
             "consecutive_local_origin_failure": 3,

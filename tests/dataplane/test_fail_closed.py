@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,6 +138,21 @@ def test_upstream_down_is_503_json(tmp_path: Path) -> None:
         r = _post(env)
         _assert_gateway_refused(r, 503, "upstream_unavailable")
         assert json.loads(r.content)["request_id"] == r.headers["x-request-id"]
+    finally:
+        forget(env)
+        env.stop()
+
+
+def test_a_dead_worker_is_taken_out_of_rotation(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    reg = registry_for(
+        {"vllm": ("openai", upstream.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
+    )
+    env = remember(start_gateway(tmp_path, reg, workers=2))
+    try:
+        env.gw.workers[0].stop()
+        time.sleep(3)  # health checks run every second
+        statuses = [_post(env).status_code for _ in range(20)]
+        assert statuses == [200] * 20
     finally:
         forget(env)
         env.stop()
