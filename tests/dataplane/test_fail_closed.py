@@ -156,3 +156,42 @@ def test_a_dead_worker_is_taken_out_of_rotation(tmp_path: Path, upstream: Script
     finally:
         forget(env)
         env.stop()
+
+
+def test_readiness_reports_each_part(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    reg = registry_for(
+        {"vllm": ("openai", upstream.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
+    )
+    env = remember(start_gateway(tmp_path, reg, workers=2))
+    try:
+        parts = env.gw.readiness()
+        assert all(parts.values()) and "envoy" in parts and len(parts) == 4
+        env.gw.workers[1].stop()
+        parts = env.gw.readiness()
+        assert [k for k, ok in parts.items() if not ok] == [f"worker:{env.settings.worker_ports[1]}"]
+    finally:
+        forget(env)
+        env.stop()
+
+
+def test_logs_carry_request_ids_but_never_prompt_or_answer_text(
+    faulty_gateway: GatewayEnv, upstream: ScriptedUpstream
+) -> None:
+    marker = "PROMPT-MARKER-7f3a"
+    upstream.handler = lambda _r: streamed(
+        [b'{"choices": [{"index": 0, "message": {"content": "ANSWER-MARKER-91c"}}]}'],
+        content_type="application/json",
+    )
+    try:
+        r = httpx.post(
+            faulty_gateway.url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": marker}]},
+            headers={"authorization": f"Bearer {KEY}"},
+        )
+    finally:
+        upstream.handler = None
+    assert r.status_code == 200
+    time.sleep(0.2)
+    logs = faulty_gateway.logs()
+    assert r.headers["x-request-id"] in logs
+    assert marker not in logs and "ANSWER-MARKER" not in logs and KEY not in logs
