@@ -14,7 +14,7 @@ from typing import ClassVar
 from filters import _kserve, _openai
 from filters._protocols import Answer, Prompt, ProtocolError
 from filters._sse import SSEError, SSEParser
-from filters.base import CONTINUE, BaseFilter, Decision, Deny, Phase, RequestContext
+from filters.base import CONTINUE, BaseFilter, Continue, Decision, Deny, Phase, RequestContext
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
 from gateway.registry import Protocol
@@ -50,6 +50,9 @@ def protocol_of(path: str) -> Protocol | None:
     return None
 
 
+_IDENTITY = Continue(remove_headers=("accept-encoding",))
+
+
 def _state(ctx: RequestContext) -> _State | None:
     st = ctx.state.get(ProtocolParser.name)
     return st if isinstance(st, _State) else None
@@ -83,6 +86,9 @@ class ProtocolParser(BaseFilter):
         length = ctx.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self._max_body):
             return Deny(413, ErrorCode.BODY_TOO_LARGE, f"request body exceeds {self._max_body} bytes")
+        if ctx.headers.get("content-encoding", "identity").strip().lower() != "identity":
+            # A compressed body cannot be checked as sent; refusing is simpler than inflating it.
+            return Deny(415, ErrorCode.UNSUPPORTED_CONTENT, "compressed request bodies are not accepted")
         ctx.state[self.name] = st
         if st.op in _BODYLESS_OPS:
             if (length or "0") != "0" or "transfer-encoding" in ctx.headers:
@@ -93,7 +99,8 @@ class ProtocolParser(BaseFilter):
                 else (ctx.path.split("/", 3)[3] if st.op == _openai.MODEL else None)
             )
             ctx.prompt = Prompt(proto, st.op, model)
-        return CONTINUE
+        # Answers must come back readable: the upstream is asked for no compression.
+        return _IDENTITY if "accept-encoding" in ctx.headers else CONTINUE
 
     async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
         st = _state(ctx)
@@ -120,6 +127,10 @@ class ProtocolParser(BaseFilter):
         st = _state(ctx)
         if st is None:
             return Deny(500, ErrorCode.INTERNAL, "internal error")
+        if ctx.response_headers.get("content-encoding", "identity").strip().lower() != "identity":
+            return Deny(
+                502, ErrorCode.UPSTREAM_BAD_RESPONSE, "the upstream sent an encoding the gateway cannot read"
+            )
         ctype = ctx.response_headers.get("content-type", "")
         ctx.answer = Answer()
         if ctype.startswith("text/event-stream"):

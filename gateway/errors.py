@@ -38,6 +38,7 @@ _OPENAI_TYPE = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
 }
 
 

@@ -84,3 +84,25 @@ def test_kserve_generate_stream_without_done(client: httpx.Client, kserve_up: Sc
         assert r.status_code == 200
         assert b"".join(r.iter_raw()) == events
     assert kserve_up.requests[0].path == "/v2/models/echo/versions/2/generate_stream"
+
+
+def test_upstream_is_asked_for_uncompressed_answers(
+    client: httpx.Client, openai_up: ScriptedUpstream
+) -> None:
+    r = client.post(
+        "/v1/chat/completions", json={**CHAT, "stream": False}, headers={"accept-encoding": "gzip, br"}
+    )
+    assert r.status_code == 200
+    assert "accept-encoding" not in openai_up.requests[0].headers
+
+
+def test_compressed_answer_is_refused(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
+    import gzip
+
+    payload = gzip.compress(b'{"choices": [{"index": 0, "message": {"content": "SECRET"}}]}')
+    openai_up.handler = lambda _r: web.Response(
+        body=payload, headers={"content-type": "application/json", "content-encoding": "gzip"}
+    )
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_bad_response"

@@ -214,3 +214,14 @@ def test_no_anonymous_traffic(
         _openai_error(anon.post(CHAT_PATH, json={"model": "llama3-8b", "messages": OK_MSGS}), 401, code)
         _kserve_error(anon.get("/v2/health/ready"), 401, code)
     assert openai_up.requests == [] and kserve_up.requests == []
+
+
+def test_compressed_request_body_is_refused(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
+    import gzip
+
+    body = gzip.compress(json.dumps({"model": "llama3-8b", "messages": OK_MSGS}).encode())
+    r = client.post(
+        CHAT_PATH, content=body, headers={"content-encoding": "gzip", "content-type": "application/json"}
+    )
+    _openai_error(r, 415, "unsupported_content")
+    assert openai_up.requests == []
