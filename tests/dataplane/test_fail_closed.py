@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +15,13 @@ from tests.conftest import forget, remember
 from tests.harness import KEY, GatewayEnv, ScriptedUpstream, registry_for, start_gateway, streamed
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _registry(port: int) -> dict[str, Any]:
+    """One OpenAI upstream serving model `m`."""
+    return registry_for(
+        {"vllm": ("openai", port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +35,7 @@ def upstream() -> Iterator[ScriptedUpstream]:
 def faulty_gateway(
     tmp_path_factory: pytest.TempPathFactory, upstream: ScriptedUpstream
 ) -> Iterator[GatewayEnv]:
-    reg = registry_for(
-        {"vllm": ("openai", upstream.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
-    )
+    reg = _registry(upstream.port)
     env = remember(
         start_gateway(
             Path(tmp_path_factory.mktemp("faulty")),
@@ -108,9 +114,7 @@ def test_error_while_checking_the_answer_replaces_it(
 
 
 def test_ext_proc_down_is_a_5xx_and_upstream_untouched(tmp_path: Path, upstream: ScriptedUpstream) -> None:
-    reg = registry_for(
-        {"vllm": ("openai", upstream.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
-    )
+    reg = _registry(upstream.port)
     env = remember(start_gateway(tmp_path, reg, workers=1))
     try:
         assert _post(env).status_code == 200
@@ -130,10 +134,7 @@ def test_ext_proc_down_is_a_5xx_and_upstream_untouched(tmp_path: Path, upstream:
 def test_upstream_down_is_503_json(tmp_path: Path) -> None:
     from gateway.procs import free_port
 
-    reg = registry_for(
-        {"vllm": ("openai", free_port())}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
-    )
-    env = remember(start_gateway(tmp_path, reg, workers=1))
+    env = remember(start_gateway(tmp_path, _registry(free_port()), workers=1))
     try:
         r = _post(env)
         _assert_gateway_refused(r, 503, "upstream_unavailable")
@@ -144,9 +145,7 @@ def test_upstream_down_is_503_json(tmp_path: Path) -> None:
 
 
 def test_a_dead_worker_is_taken_out_of_rotation(tmp_path: Path, upstream: ScriptedUpstream) -> None:
-    reg = registry_for(
-        {"vllm": ("openai", upstream.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
-    )
+    reg = _registry(upstream.port)
     env = remember(start_gateway(tmp_path, reg, workers=2))
     try:
         env.gw.workers[0].stop()
@@ -159,9 +158,7 @@ def test_a_dead_worker_is_taken_out_of_rotation(tmp_path: Path, upstream: Script
 
 
 def test_readiness_reports_each_part(tmp_path: Path, upstream: ScriptedUpstream) -> None:
-    reg = registry_for(
-        {"vllm": ("openai", upstream.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "vllm"}}}}
-    )
+    reg = _registry(upstream.port)
     env = remember(start_gateway(tmp_path, reg, workers=2))
     try:
         parts = env.gw.readiness()
