@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from filters.base import BaseFilter, Continue, Decision, Deny, Phase, Principal, RequestContext
 from filters.chain import BuildEnv, register
+from gateway.config_yaml import ConfigError, Problem, at, validate
 from gateway.errors import ErrorCode
 
 KEY_PREFIX = "ztg-"
@@ -39,7 +39,7 @@ class _KeyFile(BaseModel):
     keys: list[_KeyEntry]
 
 
-class KeyFileError(ValueError):
+class KeyFileError(ConfigError):
     """The key file is unreadable or invalid."""
 
 
@@ -61,23 +61,42 @@ class KeyStore:
 
     @classmethod
     def load(cls, path: Path) -> KeyStore:
-        """Read and validate a key file."""
+        """Read and validate a key file; KeyFileError lists problems as file:line:column."""
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-            spec = _KeyFile.model_validate(data)
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise KeyFileError(f"{path}: cannot read: {exc.strerror}") from None
-        except yaml.YAMLError:
-            raise KeyFileError(f"{path}: not valid YAML") from None
-        except ValidationError as exc:
-            raise KeyFileError(f"{path}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+            raise KeyFileError([Problem(str(path), 1, 1, f"cannot read the file: {exc.strerror}")]) from None
+        try:
+            spec, marks = validate(_KeyFile, text, str(path))
+        except ConfigError as exc:
+            raise KeyFileError(exc.problems) from None
         out: dict[str, Principal] = {}
-        for e in spec.keys:
+        problems: list[Problem] = []
+        for i, e in enumerate(spec.keys):
+            where = ("keys", i, "sha256")
             if not _HEX64.match(e.sha256):
-                raise KeyFileError(f"{path}: key {e.id!r}: sha256 must be 64 lower-case hex digits")
-            if e.sha256 in out:
-                raise KeyFileError(f"{path}: key {e.id!r} duplicates another key")
+                problems.append(
+                    at(
+                        marks,
+                        str(path),
+                        where,
+                        f"key {e.id!r}: sha256 must be 64 lower-case hex digits",
+                        "paste the digest that `ztgate keys new` printed",
+                    )
+                )
+            elif e.sha256 in out:
+                problems.append(
+                    at(
+                        marks,
+                        str(path),
+                        where,
+                        f"key {e.id!r} is the same key as another entry",
+                        "each key may appear once",
+                    )
+                )
             out[e.sha256] = Principal(e.id, e.user, e.tenant, tuple(e.groups))
+        if problems:
+            raise KeyFileError(problems)
         return cls(out)
 
     def lookup(self, key: str) -> Principal | None:

@@ -8,6 +8,7 @@ Consul backend plugs in behind the same ``Registry`` value type.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict
+
+from gateway.config_yaml import ConfigError, Marks, Problem, at, validate
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _REF = re.compile(
@@ -66,12 +68,6 @@ class ModelSpec(_Strict):
     latest: str = Field(description="The version a reference without `@version` resolves to.")
     versions: dict[str, VersionSpec] = Field(description="Versions by name.")
 
-    @model_validator(mode="after")
-    def _latest_exists(self) -> ModelSpec:
-        if self.latest not in self.versions:
-            raise ValueError(f"latest version {self.latest!r} is not among versions {sorted(self.versions)}")
-        return self
-
 
 class RegistrySpec(_Strict):
     """The registry file."""
@@ -83,29 +79,78 @@ class RegistrySpec(_Strict):
         description="Upstream that answers server-level calls (e.g. KServe `/v2/health/ready`) per protocol.",
     )
 
-    @model_validator(mode="after")
-    def _references(self) -> RegistrySpec:
-        for name in self.upstreams:
-            if not re.fullmatch(_NAME, name):
-                raise ValueError(f"upstream name {name!r} must match {_NAME}")
-        for mname, model in self.models.items():
-            if not re.fullmatch(_NAME, mname):
-                raise ValueError(f"model name {mname!r} must match {_NAME}")
-            for vname, v in model.versions.items():
-                if v.upstream not in self.upstreams:
-                    raise ValueError(f"model {mname}@{vname}: unknown upstream {v.upstream!r}")
-        for proto, up in self.server_default.items():
-            if up not in self.upstreams:
-                raise ValueError(f"server_default for {proto}: unknown upstream {up!r}")
-            if self.upstreams[up].protocol != proto:
-                raise ValueError(
-                    f"server_default for {proto}: upstream {up!r} speaks {self.upstreams[up].protocol}"
-                )
-        return self
 
-
-class RegistryError(ValueError):
+class RegistryError(ConfigError):
     """The registry file is unreadable or invalid."""
+
+
+def _check(spec: RegistrySpec, marks: Marks, source: str) -> list[Problem]:
+    """Names and references across the file, each reported where it is written."""
+    out: list[Problem] = [
+        at(
+            marks,
+            source,
+            ("upstreams", name, "<key>"),
+            f"upstream name {name!r} is not allowed",
+            "use letters, digits, '.', '_' or '-'",
+        )
+        for name in spec.upstreams
+        if not re.fullmatch(_NAME, name)
+    ]
+    for mname, model in spec.models.items():
+        if not re.fullmatch(_NAME, mname):
+            out.append(
+                at(
+                    marks,
+                    source,
+                    ("models", mname, "<key>"),
+                    f"model name {mname!r} is not allowed",
+                    "use letters, digits, '.', '_' or '-'",
+                )
+            )
+        if model.latest not in model.versions:
+            out.append(
+                at(
+                    marks,
+                    source,
+                    ("models", mname, "latest"),
+                    f"latest version {model.latest!r} is not among the versions",
+                    f"use one of: {', '.join(sorted(model.versions))}",
+                )
+            )
+        for vname, v in model.versions.items():
+            if v.upstream not in spec.upstreams:
+                out.append(
+                    at(
+                        marks,
+                        source,
+                        ("models", mname, "versions", vname, "upstream"),
+                        f"unknown upstream {v.upstream!r}",
+                        _one_of(v.upstream, list(spec.upstreams)),
+                    )
+                )
+    for proto, up in spec.server_default.items():
+        where = ("server_default", str(proto))
+        if up not in spec.upstreams:
+            out.append(
+                at(marks, source, where, f"unknown upstream {up!r}", _one_of(up, list(spec.upstreams)))
+            )
+        elif spec.upstreams[up].protocol != proto:
+            out.append(
+                at(
+                    marks,
+                    source,
+                    where,
+                    f"upstream {up!r} speaks {spec.upstreams[up].protocol}, not {proto}",
+                    "name an upstream of that protocol",
+                )
+            )
+    return out
+
+
+def _one_of(value: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(value, choices, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"defined upstreams: {', '.join(sorted(choices))}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,18 +198,14 @@ class Registry:
 
     @classmethod
     def from_yaml(cls, text: str, source: str = "<registry>") -> Registry:
-        """Validate registry YAML; raise RegistryError with a readable message."""
+        """Validate registry YAML; RegistryError lists every problem as file:line:column."""
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise RegistryError(f"{source}: not valid YAML: {exc}") from None
-        try:
-            spec = RegistrySpec.model_validate(data)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
-            )
-            raise RegistryError(f"{source}: {problems}") from None
+            spec, marks = validate(RegistrySpec, text, source)
+        except ConfigError as exc:
+            raise RegistryError(exc.problems) from None
+        problems = _check(spec, marks, source)
+        if problems:
+            raise RegistryError(problems)
         return cls(spec, hashlib.sha256(text.encode()).hexdigest()[:12])
 
     @classmethod
@@ -173,7 +214,7 @@ class Registry:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise RegistryError(f"{path}: cannot read: {exc.strerror}") from None
+            raise RegistryError([Problem(str(path), 1, 1, f"cannot read the file: {exc.strerror}")]) from None
         return cls.from_yaml(text, str(path))
 
     def resolve(self, ref: ModelRef, protocol: Protocol) -> Route | None:
