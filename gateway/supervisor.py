@@ -19,7 +19,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from filters.principal import KeyStore
 from gateway import envoy_config, metrics
+from gateway.config_yaml import ConfigError
 from gateway.observability import log, setup_logging
 from gateway.procs import Proc, StartError, free_port, http_ok, port_open, stop_all
 from gateway.registry import Protocol, Registry
@@ -220,7 +222,13 @@ def up(
 ) -> int:
     """Run the gateway in the foreground until Ctrl-C/SIGTERM; returns the exit code."""
     setup_logging(settings.log_level)
-    registry = Registry.load(settings.registry_file)
+    # A broken file refuses to start, with every problem located, before anything is started.
+    try:
+        registry = Registry.load(settings.registry_file)
+        KeyStore.load(settings.keys_file)
+    except ConfigError as exc:
+        print(f"ztgate: cannot start, configuration has problems:\n{exc}", file=sys.stderr)
+        return 2
     run_dir = settings.state_dir / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     gw = Gateway(settings, registry, run_dir)

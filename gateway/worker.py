@@ -15,6 +15,7 @@ from pathlib import Path
 import uvloop
 
 from filters.chain import BuildEnv, build
+from gateway.config_yaml import ConfigError
 from gateway.extproc.server import ExtProcServer, serve
 from gateway.metrics import Metrics
 from gateway.observability import log, setup_logging
@@ -64,7 +65,11 @@ def main() -> None:
     """Entry point."""
     if len(sys.argv) != 2 or not sys.argv[1].isdigit():
         sys.exit("usage: python -m gateway.worker PORT")
-    uvloop.run(_main(int(sys.argv[1])))
+    try:
+        uvloop.run(_main(int(sys.argv[1])))
+    except ConfigError as exc:
+        # Located problems, not a traceback: the operator fixes the file and restarts.
+        sys.exit(f"ztgate worker: configuration has problems:\n{exc}")
 
 
 if __name__ == "__main__":

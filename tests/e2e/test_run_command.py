@@ -74,3 +74,21 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         reg["upstreams"]["llama-demo"]["port"],
     ):
         assert not port_open("127.0.0.1", port), f"port {port} still served after stop"
+
+
+def test_ztgate_up_refuses_a_broken_registry_with_located_problems(tmp_path: Path) -> None:
+    bad = tmp_path / "registry.yaml"
+    bad.write_text("upstreams:\n  a: {protocol: openai, host: x, prot: 1}\nmodels: {}\n")
+    env = {**os.environ, "ZTGATE_REGISTRY_FILE": str(bad), "ZTGATE_STATE_DIR": str(tmp_path / "state")}
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "up"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 2
+    assert f"{bad}:2:34: unknown key 'prot': did you mean 'port'?" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
