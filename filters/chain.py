@@ -9,20 +9,26 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from filters.base import CONTINUE, Continue, Decision, Deny, Filter, Phase, RequestContext, Verdict
 
 if TYPE_CHECKING:
+    from gateway.reload import Reloadable
     from gateway.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
 class BuildEnv:
-    """What filter factories get at start-up: settings now; engines (ONNX, Redis…) as they come."""
+    """What filter factories get at start-up: settings now; engines (ONNX, Redis…) as they come.
+
+    A factory whose filter reads a hot-reloadable file registers it in `reloadables`; the worker
+    watches them.
+    """
 
     settings: Settings
+    reloadables: list[Reloadable[Any]] = field(default_factory=list)
 
 
 Factory = Callable[[BuildEnv], Filter]

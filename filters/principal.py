@@ -20,6 +20,7 @@ from filters.base import BaseFilter, Continue, Decision, Deny, Phase, Principal,
 from filters.chain import BuildEnv, register
 from gateway.config_yaml import ConfigError, Problem, at, validate
 from gateway.errors import ErrorCode
+from gateway.reload import Reloadable
 
 KEY_PREFIX = "ztg-"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -110,7 +111,9 @@ class ApiKeyPrincipal(BaseFilter):
     name: ClassVar[str] = "principal"
     phases: ClassVar[Phase] = Phase.REQUEST_HEADERS
 
-    def __init__(self, keys: KeyStore) -> None:
+    def __init__(self, keys: KeyStore | Reloadable[KeyStore]) -> None:
+        # A Reloadable is read once per request: a key revoked in the file stops working within
+        # about a second, and a broken edit leaves the last good keys in force.
         self._keys = keys
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
@@ -119,7 +122,8 @@ class ApiKeyPrincipal(BaseFilter):
             return Deny(401, ErrorCode.MISSING_API_KEY, "an API key is required: Authorization: Bearer <key>")
         scheme, _, token = auth.partition(" ")
         token = token.strip()
-        principal = self._keys.lookup(token) if scheme.lower() == "bearer" and token else None
+        keys = self._keys.current if isinstance(self._keys, Reloadable) else self._keys
+        principal = keys.lookup(token) if scheme.lower() == "bearer" and token else None
         if principal is None:
             return Deny(401, ErrorCode.INVALID_API_KEY, "the API key is not valid")
         ctx.principal = principal
@@ -129,4 +133,6 @@ class ApiKeyPrincipal(BaseFilter):
 
 @register("principal")
 def _build(env: BuildEnv) -> ApiKeyPrincipal:
-    return ApiKeyPrincipal(KeyStore.load(env.settings.keys_file))
+    keys = Reloadable(env.settings.keys_file, KeyStore.load)
+    env.reloadables.append(keys)
+    return ApiKeyPrincipal(keys)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import os
 import shutil
@@ -25,6 +26,7 @@ from gateway.config_yaml import ConfigError
 from gateway.observability import log, setup_logging
 from gateway.procs import Proc, StartError, free_port, http_ok, port_open, stop_all
 from gateway.registry import Protocol, Registry
+from gateway.reload import Reloadable
 from gateway.settings import Settings
 
 DEMO_KEY = "ztg-demo-key-change-me"
@@ -47,6 +49,9 @@ class Gateway:
     procs: list[Proc] = field(default_factory=list)
     workers: list[Proc] = field(default_factory=list)
     envoy: Proc | None = None
+    # The same file the workers reload, checked here too so the admin endpoint can show what is
+    # in force and why an edit was refused.
+    keys: Reloadable[KeyStore] | None = None
 
     def env(self) -> dict[str, str]:
         """Environment for the workers: the same settings, and the shared metrics directory."""
@@ -144,10 +149,13 @@ def admin_app(gw: Gateway) -> web.Application:
     async def readyz(_: web.Request) -> web.Response:
         parts = await asyncio.to_thread(gw.readiness)
         ok = all(parts.values())
-        return web.json_response(
-            {"ready": ok, "checks": parts, "registry_revision": gw.registry.revision},
-            status=200 if ok else 503,
-        )
+        files: dict[str, object] = {
+            "registry": {"path": str(gw.settings.registry_file), "revision": gw.registry.revision}
+        }
+        if gw.keys is not None:
+            await asyncio.to_thread(gw.keys.check)
+            files["keys"] = dataclasses.asdict(gw.keys.status())
+        return web.json_response({"ready": ok, "checks": parts, "files": files}, status=200 if ok else 503)
 
     async def metrics_page(_: web.Request) -> web.Response:
         text = metrics.render(await asyncio.to_thread(metrics.read_dir, gw.run_dir / "metrics"))
@@ -225,13 +233,13 @@ def up(
     # A broken file refuses to start, with every problem located, before anything is started.
     try:
         registry = Registry.load(settings.registry_file)
-        KeyStore.load(settings.keys_file)
+        keys = Reloadable(settings.keys_file, KeyStore.load)
     except ConfigError as exc:
         print(f"ztgate: cannot start, configuration has problems:\n{exc}", file=sys.stderr)
         return 2
     run_dir = settings.state_dir / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
-    gw = Gateway(settings, registry, run_dir)
+    gw = Gateway(settings, registry, run_dir, keys=keys)
     # SIGTERM during start-up must still stop what was started.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

@@ -11,6 +11,7 @@ import contextlib
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -20,6 +21,7 @@ from gateway.extproc.server import ExtProcServer, serve
 from gateway.metrics import Metrics
 from gateway.observability import log, setup_logging
 from gateway.registry import Registry
+from gateway.reload import Reloadable, watch
 from gateway.settings import Settings
 
 
@@ -28,7 +30,8 @@ async def _main(port: int) -> None:
     setup_logging(settings.log_level)
     registry = Registry.load(settings.registry_file)
     metrics = Metrics()
-    chain = build(settings.filters, BuildEnv(settings))
+    env = BuildEnv(settings)
+    chain = build(settings.filters, env)
     chain.recorder = metrics.record
     impl = ExtProcServer(chain, lambda: registry, settings.phase_budget_s, metrics)
     task = asyncio.current_task()
@@ -39,14 +42,25 @@ async def _main(port: int) -> None:
     if "principal" not in chain.names:
         # Allowed (e.g. the benchmark's floor), but never silently: this chain serves anonymous traffic.
         log().warning("chain_without_principal", filters=chain.names)
+
+    def reloaded(f: Reloadable[Any]) -> None:
+        log().info("file_reloaded", path=str(f.path), revision=f.revision)
+
+    def refused(f: Reloadable[Any]) -> None:
+        log().error(
+            "file_refused_keeping_last_good", path=str(f.path), revision=f.revision, error=f.last_error
+        )
+
+    watcher = asyncio.create_task(watch(env.reloadables, reloaded, refused)) if env.reloadables else None
     mdir = settings.metrics_dir
     flusher = asyncio.create_task(_flush_metrics(metrics, mdir, port)) if mdir else None
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await serve(impl, settings.worker_host, port)
     finally:
-        if flusher is not None:
-            flusher.cancel()
+        for task in (flusher, watcher):
+            if task is not None:
+                task.cancel()
         if mdir is not None:
             metrics.write(mdir, f"worker-{port}")
 

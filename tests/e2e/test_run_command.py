@@ -47,6 +47,9 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             assert proc.poll() is None, out.read_text()
             assert time.monotonic() < deadline, out.read_text()
             time.sleep(0.2)
+        files = httpx.get(f"http://127.0.0.1:{ports['ADMIN']}/readyz").json()["files"]
+        assert files["keys"]["last_error"] is None and files["keys"]["revision"]
+        assert files["registry"]["revision"]
         text = out.read_text()
         assert DEMO_KEY in text and "openai" in text and "curl" in text
         r = httpx.post(
