@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from filters._protocols import Answer, Prompt
+    from gateway.policy import CompiledPolicy
     from gateway.registry import Registry, Route
 
 
@@ -98,6 +99,8 @@ class RequestContext:
     response_headers: dict[str, str] = field(default_factory=dict)
     answer: Answer | None = None
     verdicts: list[Verdict] = field(default_factory=list)
+    # The policy this request captured at its start (gateway.policy.CompiledPolicy): one per request.
+    policy: CompiledPolicy | None = None
     # Per-filter private state for this request, keyed by filter name; gone with the request.
     state: dict[str, object] = field(default_factory=dict)
 

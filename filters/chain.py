@@ -6,11 +6,14 @@ Per phase, each filter that declared the phase runs in order. A Deny or Respond 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from filters.base import CONTINUE, Continue, Decision, Deny, Filter, Phase, RequestContext, Verdict
 
@@ -29,44 +32,116 @@ class BuildEnv:
 
     settings: Settings
     reloadables: list[Reloadable[Any]] = field(default_factory=list)
+    # Engines shared by every chain this process builds (one per policy revision): built once.
+    engines: dict[str, Any] = field(default_factory=dict)
+
+    def engine(self, name: str, make: Callable[[], T]) -> T:
+        """The engine called `name`, made on first use and reused by later chains."""
+        if name not in self.engines:
+            self.engines[name] = make()
+        value: T = self.engines[name]
+        return value
 
 
-Factory = Callable[[BuildEnv], Filter]
-_FACTORIES: dict[str, Factory] = {}
+T = TypeVar("T")
+Factory = Callable[[BuildEnv, Any], Filter]
+_FACTORIES: dict[str, tuple[Factory, type[BaseModel] | None]] = {}
 # Modules that register the shipped filters; imported on first lookup.
-_BUILTIN_MODULES = ("filters.principal", "filters.protocol", "filters.route", "filters.static_route")
+_BUILTIN_MODULES = (
+    "filters.principal",
+    "filters.protocol",
+    "filters.route",
+    "filters.static_route",
+    "filters.access",
+)
 
 
-def register(name: str) -> Callable[[Factory], Factory]:
-    """Decorator: make a filter factory available to chains under `name`."""
+class NoParams(BaseModel):
+    """A filter without parameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def register(name: str, params: type[BaseModel] = NoParams) -> Callable[[Factory], Factory]:
+    """Decorator: make a filter factory available to chains under `name`.
+
+    `params` is the pydantic model of the filter's policy parameters (strict, extra keys refused);
+    the factory receives a validated instance.
+    """
 
     def deco(factory: Factory) -> Factory:
-        if name in _FACTORIES and _FACTORIES[name] is not factory:
+        if name in _FACTORIES and _FACTORIES[name][0] is not factory:
             raise ValueError(f"filter {name!r} is registered twice")
-        _FACTORIES[name] = factory
+        _FACTORIES[name] = (factory, params)
         return factory
 
     return deco
 
 
-def available() -> list[str]:
-    """Names of every registered filter."""
+def available() -> dict[str, type[BaseModel]]:
+    """Every registered filter with its parameter model."""
     for mod in _BUILTIN_MODULES:
         importlib.import_module(mod)
-    return sorted(_FACTORIES)
+    return {n: p or NoParams for n, (_, p) in sorted(_FACTORIES.items())}
 
 
-def build(names: Sequence[str], env: BuildEnv) -> Chain:
-    """Build a chain from filter names (unknown names are an error, never skipped)."""
+class ChainConfigError(ValueError):
+    """Filter entries that cannot be built: (index, parameter or None, what, hint) each."""
+
+    def __init__(self, items: list[tuple[int, str | None, str, str]]) -> None:
+        self.items = items
+        super().__init__("; ".join(f"chain[{i}]{'.' + k if k else ''}: {w}" for i, k, w, _ in items))
+
+
+def build_with_params(entries: Sequence[tuple[str, dict[str, Any]]], env: BuildEnv) -> Chain:
+    """Build a chain from (filter name, parameters); every problem is collected, none skipped."""
     for mod in env.settings.filter_modules:
         importlib.import_module(mod)
     known = available()
+    problems: list[tuple[int, str | None, str, str]] = []
     filters: list[Filter] = []
-    for n in names:
-        if n not in _FACTORIES:
-            raise ValueError(f"unknown filter {n!r}; known filters: {', '.join(known)}")
-        filters.append(_FACTORIES[n](env))
+    names = [n for n, _ in entries]
+    for i, (name, raw) in enumerate(entries):
+        if name not in _FACTORIES:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known filters: {', '.join(known)}"
+            problems.append((i, None, f"unknown filter {name!r}", hint))
+            continue
+        if names.index(name) != i:
+            problems.append((i, None, f"filter {name!r} is already in the chain", "list each filter once"))
+            continue
+        factory, model = _FACTORIES[name]
+        try:
+            params = (model or NoParams).model_validate(raw, strict=True)
+        except ValidationError as exc:
+            for err in exc.errors():
+                key = str(err["loc"][0]) if err["loc"] else None
+                if err["type"] == "extra_forbidden":
+                    fields = list((model or NoParams).model_fields)
+                    close = difflib.get_close_matches(str(key), fields, n=1)
+                    hint = (
+                        f"did you mean {close[0]!r}?"
+                        if close
+                        else f"{name} takes: {', '.join(fields) or 'nothing'}"
+                    )
+                    problems.append((i, key, f"unknown parameter {key!r} for {name}", hint))
+                else:
+                    problems.append(
+                        (i, key, f"{name}.{key}: {err['msg'].rstrip('.')} (got {err.get('input')!r})", "")
+                    )
+            continue
+        filters.append(factory(env, params))
+    if problems:
+        raise ChainConfigError(problems)
     return Chain(filters)
+
+
+def build(names: Sequence[str], env: BuildEnv) -> Chain:
+    """Build a chain of filters with default parameters (benchmarks, tests)."""
+    try:
+        return build_with_params([(n, {}) for n in names], env)
+    except ChainConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 _PHASE_MASKS = {
@@ -108,6 +183,7 @@ class Chain:
     def __init__(self, filters: Sequence[Filter], recorder: Recorder = _no_record) -> None:
         self.filters = tuple(filters)
         self.recorder = recorder
+        self.revision = "-"  # the policy revision this chain was built from
         self.phases = Phase.NONE
         for f in self.filters:
             self.phases |= f.phases

@@ -132,7 +132,10 @@ class ApiKeyPrincipal(BaseFilter):
 
 
 @register("principal")
-def _build(env: BuildEnv) -> ApiKeyPrincipal:
-    keys = Reloadable(env.settings.keys_file, KeyStore.load)
-    env.reloadables.append(keys)
-    return ApiKeyPrincipal(keys)
+def _build(env: BuildEnv, _params: object) -> ApiKeyPrincipal:
+    def make() -> Reloadable[KeyStore]:
+        keys = Reloadable(env.settings.keys_file, KeyStore.load)
+        env.reloadables.append(keys)
+        return keys
+
+    return ApiKeyPrincipal(env.engine("keys", make))

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from filters import _kserve, _openai
 from filters._protocols import Answer, Prompt, ProtocolError
 from filters._sse import SSEError, SSEParser
@@ -167,6 +169,18 @@ class ProtocolParser(BaseFilter):
         return CONTINUE
 
 
-@register("protocol")
-def _build(env: BuildEnv) -> ProtocolParser:
-    return ProtocolParser(env.settings.max_request_body_bytes)
+class ProtocolParams(BaseModel):
+    """Parameters of the protocol filter."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    max_body_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Largest request body accepted (default: ZTGATE_MAX_REQUEST_BODY_BYTES, and never above it).",
+    )
+
+
+@register("protocol", ProtocolParams)
+def _build(env: BuildEnv, params: ProtocolParams) -> ProtocolParser:
+    bound = env.settings.max_request_body_bytes
+    return ProtocolParser(min(params.max_body_bytes or bound, bound))

@@ -86,5 +86,5 @@ def _json(status: int, doc: object) -> Respond:
 
 
 @register("route")
-def _build(env: BuildEnv) -> RegistryRoute:
+def _build(env: BuildEnv, _params: object) -> RegistryRoute:
     return RegistryRoute()

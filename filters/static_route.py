@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from filters.base import BaseFilter, Continue, Decision, Phase, RequestContext
 from filters.chain import BuildEnv, register
 from filters.route import UPSTREAM_HEADER
@@ -27,9 +29,18 @@ class StaticRoute(BaseFilter):
         return self._decision
 
 
-@register("static_route")
-def _build(env: BuildEnv) -> StaticRoute:
-    upstream = env.settings.static_upstream
+class StaticRouteParams(BaseModel):
+    """Parameters of static_route."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    upstream: str | None = Field(
+        default=None, description="Registry upstream name (default: ZTGATE_STATIC_UPSTREAM)."
+    )
+
+
+@register("static_route", StaticRouteParams)
+def _build(env: BuildEnv, params: StaticRouteParams) -> StaticRoute:
+    upstream = params.upstream or env.settings.static_upstream
     if not upstream:
         raise ValueError("static_route needs ZTGATE_STATIC_UPSTREAM (an upstream name from the registry)")
     return StaticRoute(upstream)

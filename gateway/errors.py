@@ -29,6 +29,7 @@ class ErrorCode(StrEnum):
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     GATEWAY_ERROR = "gateway_error"
     INTERNAL = "internal_error"
+    POLICY_DENIED = "policy_denied"
 
 
 _OPENAI_TYPE = {

@@ -60,7 +60,10 @@ class Reloadable(Generic[T]):
             self.last_error, self.last_error_at = str(exc), time.time()
             return False
         except OSError as exc:
-            self.last_error, self.last_error_at = f"{self.path}: cannot read the file: {exc.strerror}", time.time()
+            self.last_error, self.last_error_at = (
+                f"{self.path}: cannot read the file: {exc.strerror}",
+                time.time(),
+            )
             return False
         self.current, self.revision, self.loaded_at = value, revision, time.time()
         self.last_error = self.last_error_at = None

@@ -52,7 +52,10 @@ class Settings:
     buffer_limit_bytes: int = 8 * 1024 * 1024
     state_dir: Path = Path(".cache/ztgate")
     log_level: str = "info"
-    filters: tuple[str, ...] = ("principal", "protocol", "route")
+    # The policy file (hot-reloaded). ZTGATE_FILTERS, when set, replaces it with a plain chain of
+    # those filters and no rules (benchmarks, experiments).
+    policy_file: Path = _PACKAGE_DEFAULTS.parent.parent / "policies" / "default.yaml"
+    filters: tuple[str, ...] = ()
     static_upstream: str = ""
     # Extra modules that register filters (`@register`), imported before the chain is built.
     filter_modules: tuple[str, ...] = ()
@@ -85,7 +88,8 @@ class Settings:
             buffer_limit_bytes=_num(e, "ZTGATE_BUFFER_LIMIT_BYTES", cls.buffer_limit_bytes),
             state_dir=Path(e.get("ZTGATE_STATE_DIR", str(cls.state_dir))),
             log_level=e.get("ZTGATE_LOG_LEVEL", cls.log_level),
-            filters=_list(e.get("ZTGATE_FILTERS", "")) or cls.filters,
+            filters=_list(e.get("ZTGATE_FILTERS", "")),
+            policy_file=Path(e.get("ZTGATE_POLICY_FILE", str(cls.policy_file))),
             static_upstream=e.get("ZTGATE_STATIC_UPSTREAM", ""),
             filter_modules=_list(e.get("ZTGATE_FILTER_MODULES", "")),
             metrics_dir=Path(e["ZTGATE_METRICS_DIR"]) if e.get("ZTGATE_METRICS_DIR") else None,

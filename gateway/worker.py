@@ -15,11 +15,12 @@ from typing import Any
 
 import uvloop
 
-from filters.chain import BuildEnv, build
+from filters.chain import BuildEnv
 from gateway.config_yaml import ConfigError
 from gateway.extproc.server import ExtProcServer, serve
 from gateway.metrics import Metrics
 from gateway.observability import log, setup_logging
+from gateway.policy import source_for
 from gateway.registry import Registry
 from gateway.reload import Reloadable, watch
 from gateway.settings import Settings
@@ -31,20 +32,24 @@ async def _main(port: int) -> None:
     registry = Registry.load(settings.registry_file)
     metrics = Metrics()
     env = BuildEnv(settings)
-    chain = build(settings.filters, env)
-    chain.recorder = metrics.record
-    impl = ExtProcServer(chain, lambda: registry, settings.phase_budget_s, metrics)
+    policy = source_for(env, metrics.record)
+    chain = policy.current.chain
+    impl = ExtProcServer(lambda: policy.current, lambda: registry, settings.phase_budget_s, metrics)
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: task.cancel() if task else None)
-    log().info("worker_start", port=port, filters=chain.names, registry=registry.revision)
+    log().info(
+        "worker_start", port=port, filters=chain.names, policy=chain.revision, registry=registry.revision
+    )
     if "principal" not in chain.names:
         # Allowed (e.g. the benchmark's floor), but never silently: this chain serves anonymous traffic.
         log().warning("chain_without_principal", filters=chain.names)
 
     def reloaded(f: Reloadable[Any]) -> None:
         log().info("file_reloaded", path=str(f.path), revision=f.revision)
+        if f is policy and "principal" not in policy.current.chain.names:
+            log().warning("chain_without_principal", filters=policy.current.chain.names)
 
     def refused(f: Reloadable[Any]) -> None:
         log().error(

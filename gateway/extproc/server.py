@@ -23,6 +23,7 @@ from gateway.extproc import convert as cv
 from gateway.extproc._budget import within
 from gateway.metrics import Metrics
 from gateway.observability import log, where
+from gateway.policy import CompiledPolicy
 from gateway.registry import Registry
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -40,6 +41,7 @@ class _Stream:
     request_body_mode: int = cv.NONE
     response_headers_mode: int = cv.SKIP
     response_body_mode: int = cv.NONE
+    chain: Chain | None = None
     outcome: str = "allowed"
     status: int = 0
 
@@ -48,9 +50,13 @@ class ExtProcServer:
     """Runs the chain for each ext_proc stream."""
 
     def __init__(
-        self, chain: Chain, registry: Callable[[], Registry], budget_s: float, metrics: Metrics
+        self,
+        policy: Callable[[], CompiledPolicy],
+        registry: Callable[[], Registry],
+        budget_s: float,
+        metrics: Metrics,
     ) -> None:
-        self._chain = chain
+        self._policy = policy
         self._registry = registry
         self._budget = budget_s
         self._metrics = metrics
@@ -109,11 +115,11 @@ class ExtProcServer:
     async def _handle(self, kind: str | None, req: cv.Message, st: _Stream) -> cv.Message:
         if kind == "request_headers":
             return await self._request_headers(req.request_headers, st)
-        ctx = st.ctx
-        if ctx is None:
+        ctx, chain = st.ctx, st.chain
+        if ctx is None or chain is None:
             return self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
         if kind == "request_body":
-            d = await self._chain.request_body(ctx, req.request_body.body)
+            d = await chain.request_body(ctx, req.request_body.body)
             return self._after(
                 st,
                 d,
@@ -121,9 +127,9 @@ class ExtProcServer:
                 buffered=True,
             )
         if kind == "response_headers":
-            return await self._response_headers(req.response_headers, st, ctx)
+            return await self._response_headers(req.response_headers, st, ctx, chain)
         if kind == "response_body":
-            d = await self._chain.response_chunk(ctx, req.response_body.body, req.response_body.end_of_stream)
+            d = await chain.response_chunk(ctx, req.response_body.body, req.response_body.end_of_stream)
             if d is CONTINUE:
                 return _PASS_RESPONSE_CHUNK  # the usual streamed chunk: nothing to build
             return self._after(
@@ -155,6 +161,8 @@ class ExtProcServer:
         raw_path = headers.get(":path", "/")
         path, _, query = raw_path.partition("?")
         # Gateway-owned headers are never taken from the client: drop them before any filter looks.
+        # One policy for the whole request, however many reloads happen meanwhile.
+        policy = self._policy()
         spoofed = tuple(k for k in headers if k.startswith(OWNED_PREFIX))
         for k in spoofed:
             del headers[k]
@@ -164,11 +172,12 @@ class ExtProcServer:
             path=path,
             headers=headers,
             registry=self._registry(),
+            policy=policy,
             query=query,
         )
         st.ctx = ctx
+        st.chain = chain = policy.chain
         st.kserve = path.startswith("/v2")
-        chain = self._chain
         d = await chain.request_headers(ctx)
         wants_body = bool(chain.phases & Phase.REQUEST_BODY)
         if isinstance(d, Continue) and wants_body and msg.end_of_stream:
@@ -197,7 +206,9 @@ class ExtProcServer:
 
         return self._after(st, d, wrap, spoofed)
 
-    async def _response_headers(self, msg: cv.Message, st: _Stream, ctx: RequestContext) -> cv.Message:
+    async def _response_headers(
+        self, msg: cv.Message, st: _Stream, ctx: RequestContext, chain: Chain
+    ) -> cv.Message:
         headers = cv.headers_to_dict(msg.headers)
         try:
             ctx.response_status = int(headers.get(":status", "0"))
@@ -205,12 +216,12 @@ class ExtProcServer:
             ctx.response_status = 0
         ctx.response_headers = headers
         ctx.answer = Answer()
-        d = await self._chain.response_headers(ctx)
+        d = await chain.response_headers(ctx)
         body_mode = cv.NONE
-        if self._chain.phases & Phase.RESPONSE_BODY:
+        if chain.phases & Phase.RESPONSE_BODY:
             if msg.end_of_stream:
                 if isinstance(d, Continue):
-                    d2 = await self._chain.response_chunk(ctx, b"", True)
+                    d2 = await chain.response_chunk(ctx, b"", True)
                     d = d2 if not isinstance(d2, Continue) else d
             else:
                 body_mode = (
@@ -229,11 +240,11 @@ class ExtProcServer:
         return self._after(st, d, wrap)
 
     async def _finish(self, st: _Stream) -> None:
-        ctx = st.ctx
-        if ctx is None:
+        ctx, chain = st.ctx, st.chain
+        if ctx is None or chain is None:
             return
         try:
-            await self._chain.end(ctx)
+            await chain.end(ctx)
         except Exception as exc:  # noqa: BLE001 - the response is gone; record the bug and move on
             self._log.error(
                 "chain_end_error", request_id=ctx.request_id, error_type=type(exc).__name__, at=where(exc)
@@ -251,6 +262,7 @@ class ExtProcServer:
             user=ctx.principal.user if ctx.principal else None,
             tenant=ctx.principal.tenant if ctx.principal else None,
             model=f"{route.model}@{route.version}" if route else None,
+            policy=chain.revision,
             verdicts=[f"{v.filter}:{v.phase}:{v.action}" for v in ctx.verdicts if v.action != "continue"],
             chain_ms=round(sum(v.elapsed_s for v in ctx.verdicts) * 1000, 3),
             duration_ms=round((time.perf_counter() - ctx.started) * 1000, 3),

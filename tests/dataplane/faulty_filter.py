@@ -37,5 +37,5 @@ class Faulty(BaseFilter):
 
 
 @register("faulty")
-def _build(env: BuildEnv) -> Faulty:
+def _build(env: BuildEnv, _params: object) -> Faulty:
     return Faulty()

@@ -35,5 +35,5 @@ class Probe(BaseFilter):
 
 
 @register("probe")
-def _build(env: BuildEnv) -> Probe:
+def _build(env: BuildEnv, _params: object) -> Probe:
     return Probe(os.environ["ZTGATE_TEST_PROBE_FILE"])

@@ -109,7 +109,14 @@ def test_ten_megabyte_chunked_body_without_length_is_refused(
             yield b"a" * 65536
         yield b'"}]}'
 
-    _openai_error(client.post(CHAT_PATH, content=chunks()), 413, "body_too_large")
+    # Envoy may refuse as soon as its buffer overflows, while the client is still uploading: the
+    # client then sees its upload cut off instead of the 413. Either way nothing reaches upstream.
+    try:
+        r = client.post(CHAT_PATH, content=chunks())
+    except (httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadError):
+        r = None
+    if r is not None:
+        _openai_error(r, 413, "body_too_large")
     assert openai_up.requests == []
 
 

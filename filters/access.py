@@ -1,0 +1,67 @@
+"""Scoped policy rules: allow, deny, flag or review by tenant, group, user, model, route, protocol.
+
+Runs after `route`, when the caller and the exact model version are known. The most specific
+enforce-mode rule decides (docs/policy.md); monitor-mode rules only record what they would have
+done. `flag` and `review` let the request through and leave a verdict for the risk filter.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from filters.base import CONTINUE, BaseFilter, Decision, Deny, Phase, RequestContext, Verdict
+from filters.chain import BuildEnv, register
+from gateway.errors import ErrorCode
+
+
+class Access(BaseFilter):
+    """Apply the policy's rules to the request."""
+
+    name: ClassVar[str] = "access"
+    phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY
+
+    async def on_request_headers(self, ctx: RequestContext) -> Decision:
+        # Calls without a body are complete now (protocol has set the prompt); others wait.
+        return self._decide(ctx) if ctx.prompt is not None else CONTINUE
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        if "access" in ctx.state:
+            return CONTINUE
+        return self._decide(ctx)
+
+    def _decide(self, ctx: RequestContext) -> Decision:
+        from gateway.policy import Action, Subject
+
+        ctx.state["access"] = True
+        policy = ctx.policy
+        if policy is None:
+            return Deny(500, ErrorCode.INTERNAL, "internal gateway error")
+        p, r = ctx.principal, ctx.route
+        subject = Subject(
+            tenant=p.tenant if p else None,
+            groups=p.groups if p else (),
+            user=p.user if p else None,
+            model=f"{r.model}@{r.version}" if r else None,
+            route=ctx.path,
+            protocol=ctx.prompt.protocol.value if ctx.prompt else None,
+        )
+        out = policy.decide(subject)
+        for name, action in out.shadow:
+            ctx.verdicts.append(Verdict(self.name, "decide", f"monitor:{action.value}", 0.0, name))
+        rule = out.rule.rule if out.rule else None
+        if out.action is Action.DENY:
+            return Deny(
+                rule.status if rule else 403,
+                ErrorCode.POLICY_DENIED,
+                rule.message if rule else "this request is not allowed by policy",
+            )
+        if out.action in (Action.FLAG, Action.REVIEW):
+            ctx.verdicts.append(
+                Verdict(self.name, "decide", out.action.value, 0.0, rule.name if rule else "")
+            )
+        return CONTINUE
+
+
+@register("access")
+def _build(env: BuildEnv, _params: object) -> Access:
+    return Access()

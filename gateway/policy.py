@@ -1,0 +1,338 @@
+"""Policy as data: YAML → strict models → a compiled policy (filters built, references checked).
+
+A compiled policy is immutable and published by one reference assignment (see gateway.reload);
+each request captures one for its whole life. Its revision is the hash of the canonical JSON of
+the validated document, so reformatting or comments do not change it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict
+
+from filters.chain import BuildEnv, Chain, ChainConfigError, Recorder, build_with_params
+from gateway.config_yaml import ConfigError, Marks, Problem, at, validate
+from gateway.reload import Reloadable
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Action(StrEnum):
+    """What a rule does when it matches."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    FLAG = "flag"
+    REVIEW = "review"
+
+
+class Mode(StrEnum):
+    """Enforce a rule, or only record what it would have done (shadow / dry run)."""
+
+    ENFORCE = "enforce"
+    MONITOR = "monitor"
+
+
+class FailMode(StrEnum):
+    """What happens when a dependency is down."""
+
+    DENY = "deny"
+    ALLOW_WITH_FLAG = "allow_with_flag"
+
+
+Lax = Strict(False)  # enums come from YAML as strings
+
+
+class Scope(_Strict):
+    """Who and what a rule is about. Within a field any entry matches; all given fields must match."""
+
+    tenant: list[str] | None = Field(default=None, description="Tenants (from the API key).")
+    group: list[str] | None = Field(default=None, description="User groups (from the API key).")
+    user: list[str] | None = Field(default=None, description="Users (from the API key).")
+    model: list[str] | None = Field(
+        default=None, description="Models as `name@version` globs (`llama3-8b@*`), or `@list` references."
+    )
+    route: list[str] | None = Field(default=None, description="Request paths (globs, e.g. `/v1/*`).")
+    protocol: list[Literal["openai", "kserve_v2"]] | None = Field(
+        default=None, description="Wire protocols."
+    )
+
+
+class Rule(_Strict):
+    """A scoped decision. The most specific matching rule decides (see docs/policy.md)."""
+
+    name: str = Field(description="Unique name, shown in logs, audit and `ztgate policy explain`.")
+    description: str = Field(default="", description="Why the rule exists.")
+    when: Scope = Field(default_factory=Scope, description="The rule applies when all of these match.")
+    unless: Scope | None = Field(default=None, description="…and none of these match.")
+    action: Annotated[Action, Lax] = Field(description="allow, deny, flag (count as a risk event) or review.")
+    status: Annotated[int, Field(ge=400, le=499)] = Field(default=403, description="HTTP status of a deny.")
+    message: str = Field(
+        default="this request is not allowed by policy", description="Public text of a deny."
+    )
+    mode: Annotated[Mode, Lax] = Field(default=Mode.ENFORCE, description="enforce, or monitor (dry run).")
+
+
+class FilterEntry(BaseModel):
+    """One step of the chain: `filter: name` and that filter's own parameters."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    filter: str = Field(description="A registered filter (see `ztgate policy schema`).")
+
+
+class PolicySpec(_Strict):
+    """A policy file."""
+
+    version: Literal[1] = Field(description="Policy language version.")
+    description: str = Field(default="", description="What this policy is for.")
+    chain: list[FilterEntry] = Field(description="Filters in order, with their parameters.")
+    default_action: Annotated[Action, Lax] = Field(
+        default=Action.ALLOW, description="Decision when no rule matches (allow or deny)."
+    )
+    rules: list[Rule] = Field(default_factory=list, description="Scoped rules.")
+    lists: dict[str, list[str]] = Field(default_factory=dict, description="Named lists, used as `@name`.")
+    fail_mode: dict[Literal["redis", "consul", "classifier"], Annotated[FailMode, Lax]] = (
+        Field(default_factory=dict, description="Per dependency: deny (default) or allow_with_flag.")
+    )
+
+
+_DIMENSIONS = ("user", "group", "tenant", "model", "route", "protocol")
+_STRICTNESS = {Action.DENY: 3, Action.REVIEW: 2, Action.FLAG: 1, Action.ALLOW: 0}
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What a rule is matched against."""
+
+    tenant: str | None
+    groups: tuple[str, ...]
+    user: str | None
+    model: str | None  # name@version
+    route: str
+    protocol: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    """A rule with its lists expanded, ready to match."""
+
+    rule: Rule
+    when: dict[str, tuple[str, ...]]
+    unless: dict[str, tuple[str, ...]] | None
+
+    @property
+    def specificity(self) -> tuple[int, tuple[bool, ...]]:
+        """More scope fields win; then user > group > tenant > model > route > protocol."""
+        present = tuple(d in self.when for d in _DIMENSIONS)
+        return (sum(present), present)
+
+    def matches(self, s: Subject) -> bool:
+        """`when` matches entirely and `unless` (if any) does not."""
+        if not _all_match(self.when, s):
+            return False
+        return not (self.unless and _all_match(self.unless, s))
+
+
+def _all_match(scope: dict[str, tuple[str, ...]], s: Subject) -> bool:
+    for dim, patterns in scope.items():
+        if dim == "group":
+            if not any(g in patterns for g in s.groups):
+                return False
+            continue
+        value = getattr(s, dim)
+        if value is None or not any(fnmatch.fnmatchcase(value, p) for p in patterns):
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The policy's decision for one request, and what monitor-mode rules would have done."""
+
+    action: Action
+    rule: CompiledRule | None
+    shadow: tuple[tuple[str, Action], ...]
+
+
+@dataclass(frozen=True)
+class CompiledPolicy:
+    """An immutable, validated policy with its chain built."""
+
+    spec: PolicySpec
+    revision: str
+    source: str
+    chain: Chain
+    rules: tuple[CompiledRule, ...]
+
+    def decide(self, s: Subject) -> Outcome:
+        """Most specific enforce-mode rule wins; among equals the strictest action (deny first)."""
+        best: CompiledRule | None = None
+        shadow: list[tuple[str, Action]] = []
+        for r in self.rules:
+            if not r.matches(s):
+                continue
+            if r.rule.mode is Mode.MONITOR:
+                shadow.append((r.rule.name, r.rule.action))
+                continue
+            if best is None or (r.specificity, _STRICTNESS[r.rule.action]) > (
+                best.specificity,
+                _STRICTNESS[best.rule.action],
+            ):
+                best = r
+        return Outcome(best.rule.action if best else self.spec.default_action, best, tuple(shadow))
+
+    def explain(self, s: Subject) -> list[str]:
+        """Human-readable: which rules match, in precedence order, and the decision."""
+        lines = [f"policy {self.source} revision {self.revision}"]
+        matching = sorted(
+            (r for r in self.rules if r.matches(s)),
+            key=lambda r: (r.specificity, _STRICTNESS[r.rule.action]),
+            reverse=True,
+        )
+        lines += [f"  skip  {r.rule.name}: {_why_not(r, s)}" for r in self.rules if r not in matching]
+        for r in matching:
+            dims = ", ".join(d for d in _DIMENSIONS if d in r.when) or "everything"
+            lines.append(
+                f"  match {r.rule.name} ({r.rule.mode.value}, {r.rule.action.value}; scoped by {dims})"
+            )
+        out = self.decide(s)
+        decided = f"rule {out.rule.rule.name}" if out.rule else "default_action"
+        lines.append(f"decision: {out.action.value} (by {decided})")
+        lines += [f"  monitor: {name} would {action.value}" for name, action in out.shadow]
+        return lines
+
+
+def _why_not(r: CompiledRule, s: Subject) -> str:
+    for dim, patterns in r.when.items():
+        if not _all_match({dim: patterns}, s):
+            return f"{dim} is not one of {list(patterns)}"
+    return "an `unless` entry matches"
+
+
+def canonical(spec: PolicySpec) -> str:
+    """Canonical JSON of a validated policy (key order and formatting independent)."""
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _expand(  # noqa: PLR0917 - one internal helper, called twice
+    scope: Scope | None,
+    lists: dict[str, list[str]],
+    marks: Marks,
+    source: str,
+    where: tuple[Any, ...],
+    problems: list[Problem],
+) -> dict[str, tuple[str, ...]] | None:
+    if scope is None:
+        return None
+    out: dict[str, tuple[str, ...]] = {}
+    for dim in _DIMENSIONS:
+        values = getattr(scope, dim)
+        if values is None:
+            continue
+        expanded: list[str] = []
+        for i, v in enumerate(values):
+            if isinstance(v, str) and v.startswith("@"):
+                name = v[1:]
+                if name not in lists:
+                    known = ", ".join(sorted(lists)) or "none defined"
+                    problems.append(
+                        at(
+                            marks,
+                            source,
+                            (*where, dim, i),
+                            f"undefined list {v!r}",
+                            f"define it under `lists:` (defined: {known})",
+                        )
+                    )
+                    continue
+                expanded += lists[name]
+            else:
+                expanded.append(str(v))
+        out[dim] = tuple(expanded)
+    return out
+
+
+def compile_policy(text: str, source: str, env: BuildEnv) -> CompiledPolicy:
+    """Validate and compile policy YAML; ConfigError lists every problem with its location."""
+    spec, marks = validate(PolicySpec, text, source)
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    for i, r in enumerate(spec.rules):
+        if r.name in seen:
+            problems.append(
+                at(
+                    marks,
+                    source,
+                    ("rules", i, "name"),
+                    f"duplicate rule name {r.name!r}",
+                    f"rule names must be unique (first used by rules[{seen[r.name]}])",
+                )
+            )
+        seen.setdefault(r.name, i)
+    rules = []
+    for i, r in enumerate(spec.rules):
+        when = _expand(r.when, spec.lists, marks, source, ("rules", i, "when"), problems) or {}
+        unless = _expand(r.unless, spec.lists, marks, source, ("rules", i, "unless"), problems)
+        rules.append(CompiledRule(r, when, unless))
+    entries = [(e.filter, dict(e.model_extra or {})) for e in spec.chain]
+    chain: Chain | None = None
+    try:
+        chain = build_with_params(entries, env)
+    except ChainConfigError as exc:
+        for index, key, what, hint in exc.items:
+            path: tuple[Any, ...] = ("chain", index, key) if key else ("chain", index, "filter")
+            problems.append(at(marks, source, path, what, hint))
+    if problems or chain is None:
+        raise ConfigError(problems)
+    revision = hashlib.sha256(canonical(spec).encode()).hexdigest()[:12]
+    chain.revision = revision
+    return CompiledPolicy(spec, revision, source, chain, tuple(rules))
+
+
+def load(path: Path, env: BuildEnv) -> CompiledPolicy:
+    """Read and compile a policy file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([Problem(str(path), 1, 1, f"cannot read the file: {exc.strerror}")]) from None
+    return compile_policy(text, str(path), env)
+
+
+class Fixed:
+    """A policy that never reloads (an explicit ZTGATE_FILTERS chain)."""
+
+    def __init__(self, policy: CompiledPolicy) -> None:
+        self.current = policy
+
+
+def source_for(env: BuildEnv, recorder: Recorder | None = None) -> Reloadable[CompiledPolicy] | Fixed:
+    """The process's policy: the hot-reloaded policy file, or a fixed chain from ZTGATE_FILTERS."""
+
+    def compiled(p: CompiledPolicy) -> CompiledPolicy:
+        if recorder is not None:
+            p.chain.recorder = recorder
+        return p
+
+    s = env.settings
+    if s.filters:
+        text = json.dumps(
+            {"version": 1, "description": "ZTGATE_FILTERS", "chain": [{"filter": f} for f in s.filters]}
+        )
+        return Fixed(compiled(compile_policy(text, "ZTGATE_FILTERS", env)))
+    source = Reloadable(s.policy_file, lambda path: compiled(load(path, env)))
+    env.reloadables.append(source)
+    return source
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema editors use to validate policy files as people type."""
+    return PolicySpec.model_json_schema()
