@@ -56,9 +56,7 @@ class Access(BaseFilter):
                 rule.message if rule else "this request is not allowed by policy",
             )
         if out.action in (Action.FLAG, Action.REVIEW):
-            ctx.verdicts.append(
-                Verdict(self.name, "decide", out.action.value, 0.0, rule.name if rule else "")
-            )
+            ctx.verdicts += [Verdict(self.name, "decide", out.action.value, 0.0, name) for name in out.marks]
         return CONTINUE
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -60,6 +61,68 @@ def _registry_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _policy_files(target: str) -> list[Path]:
+    p = Path(target)
+    return sorted(p.glob("*.yaml")) + sorted(p.glob("*.yml")) if p.is_dir() else [p]
+
+
+def _policy_env() -> Any:
+    from filters.chain import BuildEnv
+    from gateway.settings import Settings
+
+    return BuildEnv(Settings.from_env())
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    from gateway import policy
+    from gateway.config_yaml import ConfigError
+
+    env, bad = _policy_env(), 0
+    for f in _policy_files(args.target):
+        try:
+            p = policy.load(f, env)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            bad += 1
+            continue
+        print(f"{f}: ok, revision {p.revision}, {len(p.rules)} rules, chain {' → '.join(p.chain.names)}")
+    return 1 if bad else 0
+
+
+def _policy_schema(args: argparse.Namespace) -> int:
+    from gateway import policy
+
+    print(json.dumps(policy.json_schema(), indent=2))
+    return 0
+
+
+def _policy_explain(args: argparse.Namespace) -> int:
+    from gateway import policy
+    from gateway.config_yaml import ConfigError
+
+    try:
+        p = policy.load(Path(args.policy), _policy_env())
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    subject = policy.Subject(
+        tenant=args.tenant,
+        groups=tuple(args.group or ()),
+        user=args.user,
+        model=args.model,
+        route=args.path,
+        protocol=args.protocol,
+    )
+    print("\n".join(p.explain(subject)))
+    return 0
+
+
+def _policy_test(args: argparse.Namespace) -> int:
+    from gateway import policy_tests
+
+    return policy_tests.run(Path(args.dir), _policy_env())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     p = argparse.ArgumentParser(prog="ztgate", description="Zero-trust gateway for self-hosted LLMs")
@@ -88,6 +151,28 @@ def main(argv: list[str] | None = None) -> int:
     s = reg.add_parser("check", help="validate a registry file")
     s.add_argument("file")
     s.set_defaults(fn=_registry_check)
+    pol = sub.add_parser("policy", help="policy files: check, explain, test, schema").add_subparsers(
+        dest="pol_cmd", required=True
+    )
+    s = pol.add_parser(
+        "check", help="validate a policy file or every *.yaml in a folder (exit 1 on problems)"
+    )
+    s.add_argument("target")
+    s.set_defaults(fn=_policy_check)
+    s = pol.add_parser("explain", help="which rules apply to a request, in which order, and why")
+    s.add_argument("--policy", default="policies/default.yaml")
+    s.add_argument("--tenant")
+    s.add_argument("--user")
+    s.add_argument("--group", action="append", help="repeat for several groups")
+    s.add_argument("--model", help="name@version, as the registry resolves it")
+    s.add_argument("--path", default="/v1/chat/completions")
+    s.add_argument("--protocol", choices=["openai", "kserve_v2"], default="openai")
+    s.set_defaults(fn=_policy_explain)
+    s = pol.add_parser("test", help="run policy test cases (YAML) in a folder")
+    s.add_argument("dir")
+    s.set_defaults(fn=_policy_test)
+    s = pol.add_parser("schema", help="print the policy JSON Schema")
+    s.set_defaults(fn=_policy_schema)
     args = p.parse_args(argv)
     code: int = args.fn(args)
     return code

@@ -62,9 +62,7 @@ class Scope(_Strict):
         default=None, description="Models as `name@version` globs (`llama3-8b@*`), or `@list` references."
     )
     route: list[str] | None = Field(default=None, description="Request paths (globs, e.g. `/v1/*`).")
-    protocol: list[Literal["openai", "kserve_v2"]] | None = Field(
-        default=None, description="Wire protocols."
-    )
+    protocol: list[Literal["openai", "kserve_v2"]] | None = Field(default=None, description="Wire protocols.")
 
 
 class Rule(_Strict):
@@ -100,8 +98,8 @@ class PolicySpec(_Strict):
     )
     rules: list[Rule] = Field(default_factory=list, description="Scoped rules.")
     lists: dict[str, list[str]] = Field(default_factory=dict, description="Named lists, used as `@name`.")
-    fail_mode: dict[Literal["redis", "consul", "classifier"], Annotated[FailMode, Lax]] = (
-        Field(default_factory=dict, description="Per dependency: deny (default) or allow_with_flag.")
+    fail_mode: dict[Literal["redis", "consul", "classifier"], Annotated[FailMode, Lax]] = Field(
+        default_factory=dict, description="Per dependency: deny (default) or allow_with_flag."
     )
 
 
@@ -161,6 +159,7 @@ class Outcome:
     action: Action
     rule: CompiledRule | None
     shadow: tuple[tuple[str, Action], ...]
+    marks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,21 +173,31 @@ class CompiledPolicy:
     rules: tuple[CompiledRule, ...]
 
     def decide(self, s: Subject) -> Outcome:
-        """Most specific enforce-mode rule wins; among equals the strictest action (deny first)."""
-        best: CompiledRule | None = None
+        """Allow/deny: the most specific matching rule (deny wins a tie), else `default_action`.
+
+        Flag and review rules are additive: every matching one applies to a request that is let
+        through (review outranks flag). Monitor-mode rules only report what they would do.
+        """
+        gate: CompiledRule | None = None
+        marks: list[CompiledRule] = []
         shadow: list[tuple[str, Action]] = []
         for r in self.rules:
             if not r.matches(s):
                 continue
             if r.rule.mode is Mode.MONITOR:
                 shadow.append((r.rule.name, r.rule.action))
-                continue
-            if best is None or (r.specificity, _STRICTNESS[r.rule.action]) > (
-                best.specificity,
-                _STRICTNESS[best.rule.action],
+            elif r.rule.action in (Action.FLAG, Action.REVIEW):
+                marks.append(r)
+            elif gate is None or (r.specificity, _STRICTNESS[r.rule.action]) > (
+                gate.specificity,
+                _STRICTNESS[gate.rule.action],
             ):
-                best = r
-        return Outcome(best.rule.action if best else self.spec.default_action, best, tuple(shadow))
+                gate = r
+        base = gate.rule.action if gate else self.spec.default_action
+        if base is Action.DENY or not marks:
+            return Outcome(base, gate, tuple(shadow))
+        top = max(marks, key=lambda r: (_STRICTNESS[r.rule.action], r.specificity))
+        return Outcome(top.rule.action, top, tuple(shadow), tuple(m.rule.name for m in marks))
 
     def explain(self, s: Subject) -> list[str]:
         """Human-readable: which rules match, in precedence order, and the decision."""
@@ -197,7 +206,7 @@ class CompiledPolicy:
             (r for r in self.rules if r.matches(s)),
             key=lambda r: (r.specificity, _STRICTNESS[r.rule.action]),
             reverse=True,
-        )
+        )  # precedence order for allow/deny; flag/review add up
         lines += [f"  skip  {r.rule.name}: {_why_not(r, s)}" for r in self.rules if r not in matching]
         for r in matching:
             dims = ", ".join(d for d in _DIMENSIONS if d in r.when) or "everything"
@@ -207,6 +216,8 @@ class CompiledPolicy:
         out = self.decide(s)
         decided = f"rule {out.rule.rule.name}" if out.rule else "default_action"
         lines.append(f"decision: {out.action.value} (by {decided})")
+        if out.marks:
+            lines.append(f"  marked by: {', '.join(out.marks)}")
         lines += [f"  monitor: {name} would {action.value}" for name, action in out.shadow]
         return lines
 
@@ -290,6 +301,8 @@ def compile_policy(text: str, source: str, env: BuildEnv) -> CompiledPolicy:
     except ChainConfigError as exc:
         for index, key, what, hint in exc.items:
             path: tuple[Any, ...] = ("chain", index, key) if key else ("chain", index, "filter")
+            if what.startswith("unknown parameter"):
+                path = (*path, "<key>")
             problems.append(at(marks, source, path, what, hint))
     if problems or chain is None:
         raise ConfigError(problems)

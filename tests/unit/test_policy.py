@@ -1,0 +1,209 @@
+"""The policy language: shipped policies, broken fixtures with exact messages, canonical revisions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from filters.chain import BuildEnv
+from gateway import policy, policy_tests
+from gateway.config_yaml import ConfigError
+from gateway.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = BuildEnv(Settings())
+BASE = """\
+version: 1
+chain:
+  - filter: principal
+  - filter: protocol
+    max_body_bytes: 1000
+  - filter: route
+  - filter: access
+lists:
+  approved: ["llama3-8b@v2.4"]
+rules:
+  - name: only-approved
+    when: {tenant: [bank]}
+    unless: {model: ["@approved"]}
+    action: deny
+"""
+
+
+SHIPPED = sorted([*(ROOT / "policies").glob("*.yaml"), *(ROOT / "policies" / "examples").glob("*.yaml")])
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_policies_check(path: Path) -> None:
+    assert policy.load(path, ENV).chain.names[0] == "principal"
+
+
+def test_shipped_policy_tests_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    assert policy_tests.run(ROOT / "policies" / "tests", ENV) == 0
+    assert " 0 failed" in capsys.readouterr().out
+
+
+def test_committed_json_schema_is_current() -> None:
+    assert json.loads((ROOT / "policies" / "policy.schema.json").read_text()) == policy.json_schema()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("version: 1", "version: 2", "p.yaml:1:10: version: Input should be 1 (got 2): use one of: 1"),
+        (
+            "  - filter: route\n",
+            "  - filter: rute\n",
+            "p.yaml:6:13: unknown filter 'rute': did you mean 'route'?",
+        ),
+        (
+            "    max_body_bytes: 1000",
+            "    max_body_byte: 1000",
+            "p.yaml:5:5: unknown parameter 'max_body_byte' for protocol: did you mean 'max_body_bytes'?",
+        ),
+        (
+            "    max_body_bytes: 1000",
+            "    max_body_bytes: big",
+            "p.yaml:5:21: protocol.max_body_bytes: Input should be a valid integer (got 'big')",
+        ),
+        (
+            "  - filter: access\n",
+            "  - filter: access\n  - filter: route\n",
+            "p.yaml:8:13: filter 'route' is already in the chain: list each filter once",
+        ),
+        (
+            '["@approved"]',
+            '["@aproved"]',
+            "p.yaml:13:22: undefined list '@aproved': define it under `lists:` (defined: approved)",
+        ),
+        (
+            "    action: deny",
+            "    action: block",
+            "p.yaml:14:13: rules.0.action: Input should be 'allow', 'deny', 'flag' or 'review' (got 'block'): "
+            "use one of: 'allow', 'deny', 'flag' or 'review'",
+        ),
+        (
+            "    when: {tenant: [bank]}",
+            "    whn: {tenant: [bank]}",
+            "p.yaml:12:5: unknown key 'whn': did you mean 'when'?",
+        ),
+        (
+            "    when: {tenant: [bank]}",
+            "    when: {tenant: bank}",
+            "p.yaml:12:20: rules.0.when.tenant: Input should be a valid list (got 'bank'): write a list ([a, b] or - items)",
+        ),
+        (
+            "rules:\n",
+            "rules:\n  - {name: only-approved, action: allow}\n",
+            "p.yaml:12:11: duplicate rule name 'only-approved': rule names must be unique (first used by rules[0])",
+        ),
+        (
+            "version: 1\n",
+            "version: 1\nversion: 1\n",
+            "p.yaml:2:1: duplicate key 'version': each key may appear once in a mapping",
+        ),
+        (
+            "    action: deny",
+            "    action: deny\n    status: 500",
+            "p.yaml:15:13: rules.0.status: Input should be less than or equal to 499 (got 500): use a value in range",
+        ),
+        (
+            "chain:",
+            "chain: 5\nx:",
+            "p.yaml:2:8: chain: Input should be a valid list (got 5): write a list ([a, b] or - items)",
+        ),
+    ],
+)
+def test_broken_policies_are_reported_exactly(old: str, new: str, message: str) -> None:
+    text = BASE.replace(old, new, 1)
+    assert text != BASE
+    with pytest.raises(ConfigError) as e:
+        policy.compile_policy(text, "p.yaml", ENV)
+    assert message in [str(p) for p in e.value.problems], str(e.value)
+
+
+def test_yaml_syntax_error_has_a_location() -> None:
+    with pytest.raises(ConfigError) as e:
+        policy.compile_policy(BASE + "  - name: [unclosed\n", "p.yaml", ENV)
+    assert str(e.value).startswith("p.yaml:")
+    assert "Traceback" not in str(e.value)
+
+
+def test_revision_ignores_comments_order_and_style() -> None:
+    a = policy.compile_policy(BASE, "p.yaml", ENV).revision
+    doc = yaml.safe_load(BASE)
+    restyled = "# a comment\n" + yaml.safe_dump(doc, default_flow_style=True, sort_keys=True)
+    assert policy.compile_policy(restyled, "p.yaml", ENV).revision == a
+    changed = BASE.replace("action: deny", "action: flag")
+    assert policy.compile_policy(changed, "p.yaml", ENV).revision != a
+
+
+NAMES = st.text(alphabet="abcdefghij-", min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rules=st.lists(
+        st.fixed_dictionaries(
+            {
+                "name": NAMES,
+                "action": st.sampled_from(["allow", "deny", "flag", "review"]),
+                "mode": st.sampled_from(["enforce", "monitor"]),
+                "when": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "tenant": st.lists(NAMES, min_size=1, max_size=3),
+                        "model": st.lists(NAMES.map(lambda n: n + "@*"), min_size=1, max_size=2),
+                        "protocol": st.lists(
+                            st.sampled_from(["openai", "kserve_v2"]), min_size=1, max_size=2
+                        ),
+                    },
+                ),
+            }
+        ),
+        max_size=5,
+        unique_by=lambda r: str(r["name"]),
+    ),
+    default=st.sampled_from(["allow", "deny"]),
+)
+def test_parse_dump_parse_round_trips(rules: list[dict[str, object]], default: str) -> None:
+    doc = {
+        "version": 1,
+        "chain": [{"filter": "principal"}, {"filter": "access"}],
+        "default_action": default,
+        "rules": rules,
+    }
+    first = policy.compile_policy(yaml.safe_dump(doc), "a.yaml", ENV)
+    dumped = first.spec.model_dump(mode="json", exclude_defaults=True)
+    second = policy.compile_policy(yaml.safe_dump(dumped), "b.yaml", ENV)
+    assert second.spec == first.spec
+    assert second.revision == first.revision
+
+
+def test_precedence_most_specific_wins_and_flags_add_up() -> None:
+    text = """\
+version: 1
+chain: [{filter: principal}, {filter: access}]
+default_action: deny
+rules:
+  - {name: tenant-allow, when: {tenant: [acme]}, action: allow}
+  - {name: model-deny, when: {tenant: [acme], model: ["secret@*"]}, action: deny}
+  - {name: user-allow, when: {tenant: [acme], user: [root], model: ["secret@*"]}, action: allow}
+  - {name: count, when: {tenant: [acme]}, action: flag}
+  - {name: shadow, when: {tenant: [acme]}, action: deny, mode: monitor}
+"""
+    p = policy.compile_policy(text, "p.yaml", ENV)
+
+    def decide(user: str, model: str) -> tuple[str, str | None, tuple[str, ...]]:
+        out = p.decide(policy.Subject("acme", (), user, model, "/v1/chat/completions", "openai"))
+        return out.action.value, out.rule.rule.name if out.rule else None, tuple(n for n, _ in out.shadow)
+
+    assert decide("ann", "open@1") == ("flag", "count", ("shadow",))
+    assert decide("ann", "secret@1") == ("deny", "model-deny", ("shadow",))
+    assert decide("root", "secret@1") == ("flag", "count", ("shadow",))
+    assert p.decide(policy.Subject("other", (), "x", "open@1", "/", "openai")).action.value == "deny"
