@@ -20,10 +20,13 @@ from pathlib import Path
 
 from aiohttp import web
 
+from filters.chain import BuildEnv
 from filters.principal import KeyStore
 from gateway import envoy_config, metrics
 from gateway.config_yaml import ConfigError
 from gateway.observability import log, setup_logging
+from gateway.policy import CompiledPolicy
+from gateway.policy import source_for as policy_source
 from gateway.procs import Proc, StartError, free_port, http_ok, port_open, stop_all
 from gateway.registry import Protocol, Registry
 from gateway.reload import Reloadable
@@ -52,6 +55,7 @@ class Gateway:
     # The same file the workers reload, checked here too so the admin endpoint can show what is
     # in force and why an edit was refused.
     keys: Reloadable[KeyStore] | None = None
+    policy: Reloadable[CompiledPolicy] | None = None
 
     def env(self) -> dict[str, str]:
         """Environment for the workers: the same settings, and the shared metrics directory."""
@@ -152,9 +156,12 @@ def admin_app(gw: Gateway) -> web.Application:
         files: dict[str, object] = {
             "registry": {"path": str(gw.settings.registry_file), "revision": gw.registry.revision}
         }
-        if gw.keys is not None:
-            await asyncio.to_thread(gw.keys.check)
-            files["keys"] = dataclasses.asdict(gw.keys.status())
+        for name, f in (("keys", gw.keys), ("policy", gw.policy)):
+            if f is not None:
+                await asyncio.to_thread(f.check)
+                files[name] = dataclasses.asdict(f.status())
+        if gw.policy is not None:
+            files["policy"]["policy_revision"] = gw.policy.current.revision  # type: ignore[index]
         return web.json_response({"ready": ok, "checks": parts, "files": files}, status=200 if ok else 503)
 
     async def metrics_page(_: web.Request) -> web.Response:
@@ -234,12 +241,15 @@ def up(
     try:
         registry = Registry.load(settings.registry_file)
         keys = Reloadable(settings.keys_file, KeyStore.load)
+        policy = policy_source(BuildEnv(settings))
     except ConfigError as exc:
         print(f"ztgate: cannot start, configuration has problems:\n{exc}", file=sys.stderr)
         return 2
     run_dir = settings.state_dir / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
-    gw = Gateway(settings, registry, run_dir, keys=keys)
+    gw = Gateway(
+        settings, registry, run_dir, keys=keys, policy=policy if isinstance(policy, Reloadable) else None
+    )
     # SIGTERM during start-up must still stop what was started.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

@@ -47,7 +47,12 @@ async def _main(port: int) -> None:
         log().warning("chain_without_principal", filters=chain.names)
 
     def reloaded(f: Reloadable[Any]) -> None:
-        log().info("file_reloaded", path=str(f.path), revision=f.revision)
+        log().info(
+            "file_reloaded",
+            path=str(f.path),
+            revision=f.revision,
+            policy=policy.current.revision if f is policy else None,
+        )
         if f is policy and "principal" not in policy.current.chain.names:
             log().warning("chain_without_principal", filters=policy.current.chain.names)
 

@@ -152,8 +152,11 @@ class GatewayEnv:
     def settings(self) -> Settings:
         return self.gw.settings
 
-    def logs(self) -> str:
-        return "\n".join(f"===== {p.name} ({p.log_path}) =====\n{p.log_tail(60)}" for p in self.gw.procs)
+    def logs(self, lines: int = 60) -> str:
+        """The last `lines` of every child's log (0: all of it)."""
+        return "\n".join(
+            f"===== {p.name} ({p.log_path}) =====\n{p.log_tail(lines or 10**9)}" for p in self.gw.procs
+        )
 
     def stop(self) -> None:
         from gateway.procs import stop_all
