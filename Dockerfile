@@ -11,7 +11,8 @@ COPY filters /app/filters
 COPY classifiers /app/classifiers
 COPY envoy /app/envoy
 COPY policies /app/policies
-RUN pip install --no-deps . && useradd --system --uid 10001 ztgate && mkdir -p /var/lib/ztgate \
+# Editable on purpose: the code finds envoy/ and policies/ beside the package, as in a checkout.
+RUN pip install --no-deps -e . && useradd --system --uid 10001 ztgate && mkdir -p /var/lib/ztgate \
     && chown ztgate /var/lib/ztgate
 USER ztgate
 ENV ZTGATE_STATE_DIR=/var/lib/ztgate
