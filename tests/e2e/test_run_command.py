@@ -95,3 +95,21 @@ def test_ztgate_up_refuses_a_broken_registry_with_located_problems(tmp_path: Pat
     assert r.returncode == 2
     assert f"{bad}:2:34: unknown key 'prot': did you mean 'port'?" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_ztgate_up_refuses_a_broken_policy(tmp_path: Path) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("version: 1\nchain:\n  - filter: principle\n")
+    env = {**os.environ, "ZTGATE_POLICY_FILE": str(bad), "ZTGATE_STATE_DIR": str(tmp_path / "state")}
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "up"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 2
+    assert f"{bad}:3:13: unknown filter 'principle': did you mean 'principal'?" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout

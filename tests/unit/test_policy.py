@@ -207,3 +207,23 @@ rules:
     assert decide("ann", "secret@1") == ("deny", "model-deny", ("shadow",))
     assert decide("root", "secret@1") == ("flag", "count", ("shadow",))
     assert p.decide(policy.Subject("other", (), "x", "open@1", "/", "openai")).action.value == "deny"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    flow=st.booleans(),
+    sort=st.booleans(),
+    indent=st.integers(2, 6),
+    comment=st.text("abc xyz", max_size=20),
+    width=st.integers(20, 200),
+)
+def test_revision_is_stable_under_any_reformatting(
+    flow: bool, sort: bool, indent: int, comment: str, width: int
+) -> None:
+    doc = yaml.safe_load(BASE)
+    text = yaml.safe_dump(doc, default_flow_style=flow, sort_keys=sort, indent=indent, width=width)
+    text = f"# {comment}\n{text}\n# end\n"
+    assert (
+        policy.compile_policy(text, "p.yaml", ENV).revision
+        == policy.compile_policy(BASE, "p.yaml", ENV).revision
+    )
