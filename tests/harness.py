@@ -181,9 +181,7 @@ def start_gateway(
 
     for attempt in range(3):
         try:
-            return _start_gateway(
-                tmp / f"try{attempt}", registry, workers=workers, env=env, demo_upstreams=demo_upstreams
-            )
+            return _start_once(tmp / f"try{attempt}", registry, workers, env or {}, demo_upstreams)
         except StartError as exc:
             if attempt == 2 or not _port_clash(str(exc)):
                 raise
@@ -195,13 +193,8 @@ def _port_clash(message: str) -> bool:
     return "address already in use" in m or "cannot bind" in m or "already taken" in m
 
 
-def _start_gateway(
-    tmp: Path,
-    registry: dict[str, Any],
-    *,
-    workers: int = 2,
-    env: dict[str, str] | None = None,
-    demo_upstreams: bool = False,
+def _start_once(
+    tmp: Path, registry: dict[str, Any], workers: int, env: dict[str, str], demo_upstreams: bool
 ) -> GatewayEnv:
     """Start workers and Envoy (and the demo upstreams if asked) on random loopback ports."""
     tmp.mkdir(parents=True, exist_ok=True)
@@ -216,7 +209,7 @@ def _start_gateway(
         "ZTGATE_WORKER_PORTS": ",".join(str(free_port()) for _ in range(workers)),
         "ZTGATE_STATE_DIR": str(ROOT / ".cache" / "ztgate"),
         "PYTHONPATH": str(ROOT),
-        **(env or {}),
+        **env,
     }
     old = {k: os.environ.get(k) for k in extra}
     os.environ.update(extra)
