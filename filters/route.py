@@ -49,11 +49,13 @@ class RegistryRoute(BaseFilter):
             if p.operation == _openai.MODELS:
                 ids: list[str] = []
                 for m, v in reg.models_for(Protocol.OPENAI):
-                    ids += [m, f"{m}@{v}"]
+                    if _usable(ctx, m, v):
+                        ids += [m, f"{m}@{v}"] if v == reg.spec.models[m].latest else [f"{m}@{v}"]
                 return _json(200, {"object": "list", "data": [_model_entry(i) for i in dict.fromkeys(ids)]})
             if p.operation == _openai.MODEL:
                 ref = parse_ref(p.model_ref or "")
-                if ref is None or reg.resolve(ref, Protocol.OPENAI) is None:
+                found = reg.resolve(ref, Protocol.OPENAI) if ref is not None else None
+                if found is None or not _usable(ctx, found.model, found.version):
                     return _NOT_FOUND
                 return _json(200, _model_entry(p.model_ref or ""))
         if p.protocol is Protocol.KSERVE_V2 and p.operation in (_kserve.SERVER, _kserve.HEALTH):
@@ -79,6 +81,25 @@ class RegistryRoute(BaseFilter):
             )
             headers += ((":path", path + (f"?{ctx.query}" if ctx.query else "")),)
         return Continue(set_headers=headers, body=body, reroute=True)
+
+
+def _usable(ctx: RequestContext, model: str, version: str) -> bool:
+    """Whether the policy would let this caller chat with the model: lists show nothing more."""
+    policy = ctx.policy
+    if policy is None or "access" not in policy.chain.names:
+        return True
+    from gateway.policy import Action, Subject
+
+    p = ctx.principal
+    subject = Subject(
+        tenant=p.tenant if p else None,
+        groups=p.groups if p else (),
+        user=p.user if p else None,
+        model=f"{model}@{version}",
+        route="/v1/chat/completions",
+        protocol="openai",
+    )
+    return policy.decide(subject).action is not Action.DENY
 
 
 def _json(status: int, doc: object) -> Respond:

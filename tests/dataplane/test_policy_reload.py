@@ -91,3 +91,36 @@ def test_reload_under_load(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
     finally:
         forget(env)
         env.stop()
+
+
+def test_model_list_shows_only_what_the_caller_may_use(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
+    from tests.harness import OTHER_TENANT_KEY
+
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(
+        "version: 1\n"
+        "chain: [{filter: principal}, {filter: protocol}, {filter: route}, {filter: access}]\n"
+        "rules:\n"
+        "  - {name: acme-no-secret, when: {tenant: [acme], model: ['secret@*']}, action: deny}\n"
+    )
+    reg = registry_for(
+        {"v": ("openai", openai_up.port)},
+        {
+            "open": {"latest": "1", "versions": {"1": {"upstream": "v"}}},
+            "secret": {"latest": "2", "versions": {"1": {"upstream": "v"}, "2": {"upstream": "v"}}},
+        },
+    )
+    env = remember(start_gateway(tmp_path / "gw", reg, workers=1, env={"ZTGATE_POLICY_FILE": str(pol)}))
+    try:
+
+        def ids(key: str) -> list[str]:
+            r = httpx.get(env.url + "/v1/models", headers={"authorization": f"Bearer {key}"})
+            return [m["id"] for m in r.json()["data"]]
+
+        assert ids(KEY) == ["open", "open@1"]  # alice is in tenant acme
+        assert ids(OTHER_TENANT_KEY) == ["open", "open@1", "secret", "secret@2", "secret@1"]
+        hidden = httpx.get(env.url + "/v1/models/secret@1", headers={"authorization": f"Bearer {KEY}"})
+        assert hidden.status_code == 404 and hidden.json()["error"]["code"] == "model_not_found"
+    finally:
+        forget(env)
+        env.stop()
