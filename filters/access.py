@@ -12,6 +12,7 @@ from typing import ClassVar
 from filters.base import CONTINUE, BaseFilter, Decision, Deny, Phase, RequestContext, Verdict
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
+from gateway.policy import Action, Subject
 
 
 class Access(BaseFilter):
@@ -30,8 +31,6 @@ class Access(BaseFilter):
         return self._decide(ctx)
 
     def _decide(self, ctx: RequestContext) -> Decision:
-        from gateway.policy import Action, Subject
-
         ctx.state["access"] = True
         policy = ctx.policy
         if policy is None:

@@ -16,6 +16,7 @@ from filters._protocols import Prompt
 from filters.base import BaseFilter, Continue, Decision, Deny, Phase, RequestContext, Respond
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
+from gateway.policy import Action, Subject
 from gateway.registry import Protocol, parse_ref
 
 UPSTREAM_HEADER = "x-ztgate-upstream"
@@ -88,8 +89,6 @@ def _usable(ctx: RequestContext, model: str, version: str) -> bool:
     policy = ctx.policy
     if policy is None or "access" not in policy.chain.names:
         return True
-    from gateway.policy import Action, Subject
-
     p = ctx.principal
     subject = Subject(
         tenant=p.tenant if p else None,
