@@ -7,6 +7,7 @@ when a test fails (see conftest).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -188,6 +189,19 @@ def start_gateway(
     raise AssertionError("unreachable")
 
 
+@contextlib.contextmanager
+def running(tmp: Path, registry: dict[str, Any], **kw: Any) -> Iterator[GatewayEnv]:
+    """A gateway for one test: its logs shown if the test fails, stopped afterwards."""
+    from tests.conftest import forget, remember
+
+    env = remember(start_gateway(tmp, registry, **kw))
+    try:
+        yield env
+    finally:
+        forget(env)
+        env.stop()
+
+
 def _port_clash(message: str) -> bool:
     m = message.lower()
     return "address already in use" in m or "cannot bind" in m or "already taken" in m
@@ -248,8 +262,3 @@ def registry_for(
         "models": models,
         "server_default": server_default or {},
     }
-
-
-def iter_lines(resp: Any) -> Iterator[str]:
-    """Text lines of a streamed httpx response."""
-    yield from resp.iter_lines()

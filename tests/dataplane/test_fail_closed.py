@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import forget, remember
-from tests.harness import KEY, GatewayEnv, ScriptedUpstream, registry_for, start_gateway, streamed
+from tests.harness import KEY, GatewayEnv, ScriptedUpstream, registry_for, running, start_gateway, streamed
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -115,8 +115,7 @@ def test_error_while_checking_the_answer_replaces_it(
 
 def test_ext_proc_down_is_a_5xx_and_upstream_untouched(tmp_path: Path, upstream: ScriptedUpstream) -> None:
     reg = _registry(upstream.port)
-    env = remember(start_gateway(tmp_path, reg, workers=1))
-    try:
+    with running(tmp_path, reg, workers=1) as env:
         assert _post(env).status_code == 200
         for w in env.gw.workers:
             w.stop()
@@ -126,49 +125,34 @@ def test_ext_proc_down_is_a_5xx_and_upstream_untouched(tmp_path: Path, upstream:
         assert r.json()["error"]["code"] == "gateway_error"
         assert r.json()["request_id"] == r.headers["x-request-id"]
         assert upstream.requests == []
-    finally:
-        forget(env)
-        env.stop()
 
 
 def test_upstream_down_is_503_json(tmp_path: Path) -> None:
     from gateway.procs import free_port
 
-    env = remember(start_gateway(tmp_path, _registry(free_port()), workers=1))
-    try:
+    with running(tmp_path, _registry(free_port()), workers=1) as env:
         r = _post(env)
         _assert_gateway_refused(r, 503, "upstream_unavailable")
         assert json.loads(r.content)["request_id"] == r.headers["x-request-id"]
-    finally:
-        forget(env)
-        env.stop()
 
 
 def test_a_dead_worker_is_taken_out_of_rotation(tmp_path: Path, upstream: ScriptedUpstream) -> None:
     reg = _registry(upstream.port)
-    env = remember(start_gateway(tmp_path, reg, workers=2))
-    try:
+    with running(tmp_path, reg, workers=2) as env:
         env.gw.workers[0].stop()
         time.sleep(3)  # health checks run every second
         statuses = [_post(env).status_code for _ in range(20)]
         assert statuses == [200] * 20
-    finally:
-        forget(env)
-        env.stop()
 
 
 def test_readiness_reports_each_part(tmp_path: Path, upstream: ScriptedUpstream) -> None:
     reg = _registry(upstream.port)
-    env = remember(start_gateway(tmp_path, reg, workers=2))
-    try:
+    with running(tmp_path, reg, workers=2) as env:
         parts = env.gw.readiness()
         assert all(parts.values()) and "envoy" in parts and len(parts) == 4
         env.gw.workers[1].stop()
         parts = env.gw.readiness()
         assert [k for k, ok in parts.items() if not ok] == [f"worker:{env.settings.worker_ports[1]}"]
-    finally:
-        forget(env)
-        env.stop()
 
 
 def test_logs_carry_request_ids_but_never_prompt_or_answer_text(

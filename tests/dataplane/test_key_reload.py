@@ -10,8 +10,7 @@ import httpx
 import yaml
 
 from filters.principal import digest
-from tests.conftest import forget, remember
-from tests.harness import KEY, ScriptedUpstream, registry_for, start_gateway
+from tests.harness import KEY, ScriptedUpstream, registry_for, running
 
 
 def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -27,8 +26,7 @@ def test_keys_reload_and_broken_edits_keep_last_good(tmp_path: Path, openai_up: 
     reg = registry_for(
         {"v": ("openai", openai_up.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
     )
-    env = remember(start_gateway(tmp_path, reg, workers=2))
-    try:
+    with running(tmp_path, reg, workers=2) as env:
         keys_file = env.settings.keys_file
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -59,6 +57,3 @@ def test_keys_reload_and_broken_edits_keep_last_good(tmp_path: Path, openai_up: 
         assert all_workers(new, 200) and all_workers(KEY, 401)
         assert "file_refused_keeping_last_good" in env.logs()
         assert str(keys_file) + ":" in env.logs()
-    finally:
-        forget(env)
-        env.stop()

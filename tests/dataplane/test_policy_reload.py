@@ -9,8 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import forget, remember
-from tests.harness import KEY, ScriptedUpstream, registry_for, start_gateway
+from tests.harness import KEY, ScriptedUpstream, registry_for, running
 
 POLICY = """\
 version: 1
@@ -43,8 +42,7 @@ def test_reload_under_load(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
             "secret": {"latest": "1", "versions": {"1": {"upstream": "v"}}},
         },
     )
-    env = remember(start_gateway(tmp_path / "gw", reg, workers=2, env={"ZTGATE_POLICY_FILE": str(pol)}))
-    try:
+    with running(tmp_path / "gw", reg, workers=2, env={"ZTGATE_POLICY_FILE": str(pol)}) as env:
         url = env.url + "/v1/chat/completions"
         auth = {"authorization": f"Bearer {KEY}"}
         body = {"model": "open", "messages": [{"role": "user", "content": "hi"}]}
@@ -88,9 +86,6 @@ def test_reload_under_load(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
         seen = [revisions[rid] for _, rid in results]
         assert all(len(r) == 12 for r in seen)
         assert len(set(seen)) >= 3
-    finally:
-        forget(env)
-        env.stop()
 
 
 def test_model_list_shows_only_what_the_caller_may_use(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
@@ -110,8 +105,7 @@ def test_model_list_shows_only_what_the_caller_may_use(tmp_path: Path, openai_up
             "secret": {"latest": "2", "versions": {"1": {"upstream": "v"}, "2": {"upstream": "v"}}},
         },
     )
-    env = remember(start_gateway(tmp_path / "gw", reg, workers=1, env={"ZTGATE_POLICY_FILE": str(pol)}))
-    try:
+    with running(tmp_path / "gw", reg, workers=1, env={"ZTGATE_POLICY_FILE": str(pol)}) as env:
 
         def ids(key: str) -> list[str]:
             r = httpx.get(env.url + "/v1/models", headers={"authorization": f"Bearer {key}"})
@@ -121,6 +115,3 @@ def test_model_list_shows_only_what_the_caller_may_use(tmp_path: Path, openai_up
         assert ids(OTHER_TENANT_KEY) == ["open", "open@1", "secret", "secret@2", "secret@1"]
         hidden = httpx.get(env.url + "/v1/models/secret@1", headers={"authorization": f"Bearer {KEY}"})
         assert hidden.status_code == 404 and hidden.json()["error"]["code"] == "model_not_found"
-    finally:
-        forget(env)
-        env.stop()
