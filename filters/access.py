@@ -12,7 +12,7 @@ from typing import ClassVar
 from filters.base import CONTINUE, BaseFilter, Decision, Deny, Phase, RequestContext, Verdict
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
-from gateway.policy import Action, Subject
+from gateway.policy import Action, subject
 
 
 class Access(BaseFilter):
@@ -35,16 +35,15 @@ class Access(BaseFilter):
         policy = ctx.policy
         if policy is None:
             return Deny(500, ErrorCode.INTERNAL, "internal gateway error")
-        p, r = ctx.principal, ctx.route
-        subject = Subject(
-            tenant=p.tenant if p else None,
-            groups=p.groups if p else (),
-            user=p.user if p else None,
-            model=f"{r.model}@{r.version}" if r else None,
-            route=ctx.path,
-            protocol=ctx.prompt.protocol.value if ctx.prompt else None,
+        r = ctx.route
+        out = policy.decide(
+            subject(
+                ctx.principal,
+                f"{r.model}@{r.version}" if r else None,
+                ctx.path,
+                ctx.prompt.protocol.value if ctx.prompt else None,
+            )
         )
-        out = policy.decide(subject)
         for name, action in out.shadow:
             ctx.verdicts.append(Verdict(self.name, "decide", f"monitor:{action.value}", 0.0, name))
         rule = out.rule.rule if out.rule else None

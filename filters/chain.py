@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from filters.base import CONTINUE, Continue, Decision, Deny, Filter, Phase, RequestContext, Verdict
 
+T = TypeVar("T")
+
 if TYPE_CHECKING:
     from gateway.reload import Reloadable
     from gateway.settings import Settings
@@ -43,9 +45,8 @@ class BuildEnv:
         return value
 
 
-T = TypeVar("T")
 Factory = Callable[[BuildEnv, Any], Filter]
-_FACTORIES: dict[str, tuple[Factory, type[BaseModel] | None]] = {}
+_FACTORIES: dict[str, tuple[Factory, type[BaseModel]]] = {}
 # Modules that register the shipped filters; imported on first lookup.
 _BUILTIN_MODULES = (
     "filters.principal",
@@ -82,7 +83,7 @@ def available() -> dict[str, type[BaseModel]]:
     """Every registered filter with its parameter model."""
     for mod in _BUILTIN_MODULES:
         importlib.import_module(mod)
-    return {n: p or NoParams for n, (_, p) in sorted(_FACTORIES.items())}
+    return {n: p for n, (_, p) in sorted(_FACTORIES.items())}
 
 
 class ChainConfigError(ValueError):
@@ -112,12 +113,12 @@ def build_with_params(entries: Sequence[tuple[str, dict[str, Any]]], env: BuildE
             continue
         factory, model = _FACTORIES[name]
         try:
-            params = (model or NoParams).model_validate(raw, strict=True)
+            params = model.model_validate(raw, strict=True)
         except ValidationError as exc:
             for err in exc.errors():
                 key = str(err["loc"][0]) if err["loc"] else None
                 if err["type"] == "extra_forbidden":
-                    fields = list((model or NoParams).model_fields)
+                    fields = list(model.model_fields)
                     close = difflib.get_close_matches(str(key), fields, n=1)
                     hint = (
                         f"did you mean {close[0]!r}?"

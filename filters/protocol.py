@@ -55,6 +55,11 @@ def protocol_of(path: str) -> Protocol | None:
 _IDENTITY = Continue(remove_headers=("accept-encoding",))
 
 
+def _encoded(headers: dict[str, str]) -> bool:
+    """A body with a content-encoding (gzip, br…): not text the checks can read as sent."""
+    return headers.get("content-encoding", "identity").strip().lower() != "identity"
+
+
 def _state(ctx: RequestContext) -> _State | None:
     st = ctx.state.get(ProtocolParser.name)
     return st if isinstance(st, _State) else None
@@ -88,7 +93,7 @@ class ProtocolParser(BaseFilter):
         length = ctx.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self._max_body):
             return Deny(413, ErrorCode.BODY_TOO_LARGE, f"request body exceeds {self._max_body} bytes")
-        if ctx.headers.get("content-encoding", "identity").strip().lower() != "identity":
+        if _encoded(ctx.headers):
             # A compressed body cannot be checked as sent; refusing is simpler than inflating it.
             return Deny(415, ErrorCode.UNSUPPORTED_CONTENT, "compressed request bodies are not accepted")
         ctx.state[self.name] = st
@@ -129,7 +134,7 @@ class ProtocolParser(BaseFilter):
         st = _state(ctx)
         if st is None:
             return Deny(500, ErrorCode.INTERNAL, "internal error")
-        if ctx.response_headers.get("content-encoding", "identity").strip().lower() != "identity":
+        if _encoded(ctx.response_headers):
             return Deny(
                 502, ErrorCode.UPSTREAM_BAD_RESPONSE, "the upstream sent an encoding the gateway cannot read"
             )

@@ -16,7 +16,7 @@ from filters._protocols import Prompt
 from filters.base import BaseFilter, Continue, Decision, Deny, Phase, RequestContext, Respond
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
-from gateway.policy import Action, Subject
+from gateway.policy import Action, subject
 from gateway.registry import Protocol, parse_ref
 
 UPSTREAM_HEADER = "x-ztgate-upstream"
@@ -89,16 +89,8 @@ def _usable(ctx: RequestContext, model: str, version: str) -> bool:
     policy = ctx.policy
     if policy is None or "access" not in policy.chain.names:
         return True
-    p = ctx.principal
-    subject = Subject(
-        tenant=p.tenant if p else None,
-        groups=p.groups if p else (),
-        user=p.user if p else None,
-        model=f"{model}@{version}",
-        route="/v1/chat/completions",
-        protocol="openai",
-    )
-    return policy.decide(subject).action is not Action.DENY
+    who = subject(ctx.principal, f"{model}@{version}", "/v1/chat/completions", "openai")
+    return policy.decide(who).action is not Action.DENY
 
 
 def _json(status: int, doc: object) -> Respond:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from filters.base import Principal
 from filters.chain import BuildEnv, Chain, ChainConfigError, Recorder, build_with_params
 from gateway.config_yaml import ConfigError, Marks, Problem, at, validate
 from gateway.reload import Reloadable
@@ -117,6 +118,18 @@ class Subject:
     model: str | None  # name@version
     route: str
     protocol: str | None
+
+
+def subject(principal: Principal | None, model: str | None, route: str, protocol: str | None) -> Subject:
+    """The subject of a request: who (from the API key) asks for which model, where, over what."""
+    return Subject(
+        tenant=principal.tenant if principal else None,
+        groups=principal.groups if principal else (),
+        user=principal.user if principal else None,
+        model=model,
+        route=route,
+        protocol=protocol,
+    )
 
 
 @dataclass(frozen=True, slots=True)

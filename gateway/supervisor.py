@@ -240,15 +240,20 @@ def up(
     # A broken file refuses to start, with every problem located, before anything is started.
     try:
         registry = Registry.load(settings.registry_file)
-        keys = Reloadable(settings.keys_file, KeyStore.load)
-        policy = policy_source(BuildEnv(settings))
+        env = BuildEnv(settings)
+        # Compiling the policy builds its filters, so the key file is read and checked here too.
+        policy = policy_source(env)
     except ConfigError as exc:
         print(f"ztgate: cannot start, configuration has problems:\n{exc}", file=sys.stderr)
         return 2
     run_dir = settings.state_dir / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     gw = Gateway(
-        settings, registry, run_dir, keys=keys, policy=policy if isinstance(policy, Reloadable) else None
+        settings,
+        registry,
+        run_dir,
+        keys=env.engines.get("keys"),
+        policy=policy if isinstance(policy, Reloadable) else None,
     )
     # SIGTERM during start-up must still stop what was started.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

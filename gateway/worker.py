@@ -15,7 +15,7 @@ from typing import Any
 
 import uvloop
 
-from filters.chain import BuildEnv
+from filters.chain import BuildEnv, Chain
 from gateway.config_yaml import ConfigError
 from gateway.extproc.server import ExtProcServer, serve
 from gateway.metrics import Metrics
@@ -33,28 +33,18 @@ async def _main(port: int) -> None:
     metrics = Metrics()
     env = BuildEnv(settings)
     policy = source_for(env, metrics.record)
-    chain = policy.current.chain
     impl = ExtProcServer(lambda: policy.current, lambda: registry, settings.phase_budget_s, metrics)
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: task.cancel() if task else None)
-    log().info(
-        "worker_start", port=port, filters=chain.names, policy=chain.revision, registry=registry.revision
-    )
-    if "principal" not in chain.names:
-        # Allowed (e.g. the benchmark's floor), but never silently: this chain serves anonymous traffic.
-        log().warning("chain_without_principal", filters=chain.names)
+    log().info("worker_start", port=port, registry=registry.revision)
+    _announce(policy.current.chain)
 
     def reloaded(f: Reloadable[Any]) -> None:
-        log().info(
-            "file_reloaded",
-            path=str(f.path),
-            revision=f.revision,
-            policy=policy.current.revision if f is policy else None,
-        )
-        if f is policy and "principal" not in policy.current.chain.names:
-            log().warning("chain_without_principal", filters=policy.current.chain.names)
+        log().info("file_reloaded", path=str(f.path), revision=f.revision)
+        if f is policy:
+            _announce(policy.current.chain)
 
     def refused(f: Reloadable[Any]) -> None:
         log().error(
@@ -73,6 +63,13 @@ async def _main(port: int) -> None:
                 task.cancel()
         if mdir is not None:
             metrics.write(mdir, f"worker-{port}")
+
+
+def _announce(chain: Chain) -> None:
+    """Say which chain is in force; a chain without `principal` is allowed but never silent."""
+    log().info("chain", filters=chain.names, policy=chain.revision)
+    if "principal" not in chain.names:
+        log().warning("chain_without_principal", filters=chain.names)
 
 
 async def _flush_metrics(metrics: Metrics, directory: Path, port: int) -> None:

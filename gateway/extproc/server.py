@@ -8,6 +8,7 @@ answer (Envoy would then continue without us).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -15,9 +16,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from filters._protocols import Answer
 from filters.base import CONTINUE, Continue, Decision, Deny, Phase, RequestContext, Respond
-from filters.chain import Chain
+from filters.chain import Chain, merge
 from gateway.errors import ErrorCode
 from gateway.extproc import convert as cv
 from gateway.extproc._budget import within
@@ -160,9 +160,9 @@ class ExtProcServer:
         headers = cv.headers_to_dict(msg.headers)
         raw_path = headers.get(":path", "/")
         path, _, query = raw_path.partition("?")
-        # Gateway-owned headers are never taken from the client: drop them before any filter looks.
         # One policy for the whole request, however many reloads happen meanwhile.
         policy = self._policy()
+        # Gateway-owned headers are never taken from the client: drop them before any filter looks.
         spoofed = tuple(k for k in headers if k.startswith(OWNED_PREFIX))
         for k in spoofed:
             del headers[k]
@@ -183,16 +183,8 @@ class ExtProcServer:
         if isinstance(d, Continue) and wants_body and msg.end_of_stream:
             # No body will come: the body checks run now, on an empty body.
             d2 = await chain.request_body(ctx, b"")
-            d = (
-                d2
-                if not isinstance(d2, Continue)
-                else Continue(
-                    d.set_headers + d2.set_headers,
-                    d.remove_headers + d2.remove_headers,
-                    None,
-                    d.reroute or d2.reroute,
-                )
-            )
+            # A headers response carries no body mutation.
+            d = dataclasses.replace(merge(d, d2), body=None) if isinstance(d2, Continue) else d2
         st.request_body_mode = cv.BUFFERED if wants_body and not msg.end_of_stream else cv.NONE
         st.response_headers_mode = (
             cv.SEND if chain.phases & (Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY) else cv.SKIP
@@ -215,7 +207,6 @@ class ExtProcServer:
         except ValueError:
             ctx.response_status = 0
         ctx.response_headers = headers
-        ctx.answer = Answer()
         d = await chain.response_headers(ctx)
         body_mode = cv.NONE
         if chain.phases & Phase.RESPONSE_BODY:
