@@ -20,6 +20,7 @@ class Access(BaseFilter):
 
     name: ClassVar[str] = "access"
     phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY
+    needs: ClassVar[tuple[str, ...]] = ("principal", "route")
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
         # Calls without a body are complete now (protocol has set the prompt); others wait.

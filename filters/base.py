@@ -111,6 +111,9 @@ class Filter(Protocol):
 
     name: ClassVar[str]
     phases: ClassVar[Phase]
+    # Filters that must run earlier in the chain: what this one reads, they set. A chain that
+    # breaks this is refused, since e.g. rules checked before routing would not see the model.
+    needs: ClassVar[tuple[str, ...]]
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
         """Request headers arrived (ctx.method, ctx.path, ctx.headers are set)."""
@@ -138,6 +141,7 @@ class BaseFilter:
 
     name: ClassVar[str] = "base"
     phases: ClassVar[Phase] = Phase.NONE
+    needs: ClassVar[tuple[str, ...]] = ()
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
         return CONTINUE

@@ -131,7 +131,19 @@ def build_with_params(entries: Sequence[tuple[str, dict[str, Any]]], env: BuildE
                         (i, key, f"{name}.{key}: {err['msg'].rstrip('.')} (got {err.get('input')!r})", "")
                     )
             continue
-        filters.append(factory(env, params))
+        built = factory(env, params)
+        missing = [n for n in built.needs if n not in names[:i]]
+        if missing:
+            problems.append(
+                (
+                    i,
+                    None,
+                    f"filter {name!r} needs {', '.join(map(repr, missing))} earlier in the chain",
+                    f"list {', '.join(missing)} above {name}",
+                )
+            )
+            continue
+        filters.append(built)
     if problems:
         raise ChainConfigError(problems)
     return Chain(filters)

@@ -32,6 +32,7 @@ class RegistryRoute(BaseFilter):
 
     name: ClassVar[str] = "route"
     phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY
+    needs: ClassVar[tuple[str, ...]] = ("protocol",)
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
         # Calls without a body (model lists, health, metadata) are complete at this point.

@@ -117,6 +117,11 @@ def test_committed_json_schema_is_current() -> None:
             "chain: 5\nx:",
             "p.yaml:2:8: chain: Input should be a valid list (got 5): write a list ([a, b] or - items)",
         ),
+        (
+            "  - filter: route\n  - filter: access\n",
+            "  - filter: access\n  - filter: route\n",
+            "p.yaml:6:13: filter 'access' needs 'route' earlier in the chain: list route above access",
+        ),
     ],
 )
 def test_broken_policies_are_reported_exactly(old: str, new: str, message: str) -> None:
@@ -174,7 +179,7 @@ NAMES = st.text(alphabet="abcdefghij-", min_size=1, max_size=8)
 def test_parse_dump_parse_round_trips(rules: list[dict[str, object]], default: str) -> None:
     doc = {
         "version": 1,
-        "chain": [{"filter": "principal"}, {"filter": "access"}],
+        "chain": [{"filter": f} for f in ("principal", "protocol", "route", "access")],
         "default_action": default,
         "rules": rules,
     }
@@ -188,7 +193,7 @@ def test_parse_dump_parse_round_trips(rules: list[dict[str, object]], default: s
 def test_precedence_most_specific_wins_and_flags_add_up() -> None:
     text = """\
 version: 1
-chain: [{filter: principal}, {filter: access}]
+chain: [{filter: principal}, {filter: protocol}, {filter: route}, {filter: access}]
 default_action: deny
 rules:
   - {name: tenant-allow, when: {tenant: [acme]}, action: allow}
