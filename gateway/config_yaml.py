@@ -54,7 +54,7 @@ class ConfigError(ValueError):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
-def _walk(node: yaml.Node, path: Path_, marks: dict[Path_, tuple[int, int]], source: str) -> Any:
+def _walk(node: yaml.Node, path: Path_, marks: Marks, source: str, scalars: yaml.SafeLoader) -> Any:
     marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if node.tag not in _PLAIN_TAGS:
         raise ConfigError(
@@ -70,7 +70,7 @@ def _walk(node: yaml.Node, path: Path_, marks: dict[Path_, tuple[int, int]], sou
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = _walk(key_node, (*path, "<key>"), {}, source)
+            key = _walk(key_node, (*path, "<key>"), {}, source, scalars)
             if key in out:
                 raise ConfigError(
                     [
@@ -83,12 +83,12 @@ def _walk(node: yaml.Node, path: Path_, marks: dict[Path_, tuple[int, int]], sou
                         )
                     ]
                 )
-            out[key] = _walk(value_node, (*path, str(key)), marks, source)
+            out[key] = _walk(value_node, (*path, str(key)), marks, source, scalars)
             marks[(*path, str(key), "<key>")] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_walk(v, (*path, i), marks, source) for i, v in enumerate(node.value)]
-    return yaml.SafeLoader("").construct_object(node, deep=True)
+        return [_walk(v, (*path, i), marks, source, scalars) for i, v in enumerate(node.value)]
+    return scalars.construct_object(node, deep=True)
 
 
 class _NoAliases(yaml.SafeLoader):
@@ -99,7 +99,7 @@ class _NoAliases(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def load(text: str, source: str) -> tuple[Any, dict[Path_, tuple[int, int]]]:
+def load(text: str, source: str) -> tuple[Any, Marks]:
     """Parse YAML strictly; return the data and the (line, column) of every path in it."""
     try:
         loader = _NoAliases(text)
@@ -119,8 +119,9 @@ def load(text: str, source: str) -> tuple[Any, dict[Path_, tuple[int, int]]]:
         raise ConfigError(
             [Problem(source, 1, 1, "the file is empty", "it needs at least the required sections")]
         )
-    marks: dict[Path_, tuple[int, int]] = {}
-    return _walk(node, (), marks, source), marks
+    marks: Marks = {}
+    # One constructor per file (loaders are not thread-safe, and reloads run in threads).
+    return _walk(node, (), marks, source, yaml.SafeLoader("")), marks
 
 
 def _fields_at(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
