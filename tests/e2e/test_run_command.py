@@ -61,7 +61,7 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
         # Workers publish their metrics once a second.
         until = time.monotonic() + 10
-        while "ztgate_requests_total" not in (
+        while 'ztgate_requests_total{outcome="allowed"}' not in (
             metrics := httpx.get(f"http://127.0.0.1:{ports['ADMIN']}/metrics").text
         ):
             assert time.monotonic() < until, metrics
