@@ -7,12 +7,24 @@ with status 200 as `{"error": ...}`.
 
 from __future__ import annotations
 
+import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from filters._protocols import Answer, Prompt, ProtocolError, Segment, bad, check_text, strict_json
+from filters._protocols import (
+    Answer,
+    Prompt,
+    ProtocolError,
+    Segment,
+    Slot,
+    StreamEvent,
+    bad,
+    check_text,
+    strict_json,
+)
 from filters._sse import SSEParser
 from gateway.errors import ErrorCode
 from gateway.registry import Protocol
@@ -151,17 +163,20 @@ def _tensors(
     for i, t in enumerate(entries):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise bad(f"{where}[{i}] must be an object with a string 'name'")
-        if t.get("datatype") != "BYTES":
-            if strict:
-                # Non-text tensors (token ids, embeddings) cannot be checked: refuse them.
-                raise bad(
-                    f"{where}[{i}]: only BYTES (text) tensors are accepted", ErrorCode.UNSUPPORTED_CONTENT
-                )
-            continue
+        if t.get("datatype") != "BYTES" and strict:
+            # Non-text tensors (token ids, embeddings) cannot be checked: refuse them.
+            raise bad(f"{where}[{i}]: only BYTES (text) tensors are accepted", ErrorCode.UNSUPPORTED_CONTENT)
         params = t.get("parameters") or {}
         if not isinstance(params, dict):
             raise bad(f"{where}[{i}].parameters must be an object")
         size = params.get("binary_data_size")
+        if t.get("datatype") != "BYTES":
+            # Not text, but its binary data still takes its place in the body.
+            if size is not None:
+                if not isinstance(size, int) or size < 0 or pos + size > len(binary):
+                    raise bad(f"{where}[{i}]: binary_data_size does not match the body")
+                pos += size
+            continue
         if size is not None:
             if not isinstance(size, int) or size < 0 or pos + size > len(binary):
                 raise bad(f"{where}[{i}]: binary_data_size does not match the body")
@@ -197,7 +212,9 @@ def parse_request(kp: KPath, body: bytes, header_length: str | None) -> Prompt:
                 segments += [Segment(f"input:{key}", s) for s in _flatten_strings(value, key)]
             elif not isinstance(value, bool | int | float) and value is not None:
                 raise bad(f"'{key}' must be a string, number, boolean or array of strings")
-    return Prompt(Protocol.KSERVE_V2, kp.op, kp.model_ref, kp.op == GENERATE_STREAM, tuple(segments), doc)
+    return Prompt(
+        Protocol.KSERVE_V2, kp.op, kp.model_ref, kp.op == GENERATE_STREAM, tuple(segments), doc, binary
+    )
 
 
 def _generate_fields(doc: Any, answer: Answer, index: int) -> None:
@@ -221,6 +238,7 @@ def answer_from_body(op: str, body: bytes, header_length: str | None, answer: An
     if op == INFER:
         json_part, binary = split_binary(body, header_length, "upstream answer")
         doc = strict_json(json_part, "upstream answer")
+        answer.document, answer.binary = doc, binary
         if isinstance(doc, dict) and "error" in doc:
             answer.upstream_error = True
             return
@@ -235,7 +253,8 @@ def answer_from_body(op: str, body: bytes, header_length: str | None, answer: An
         for i, (_, strings) in enumerate(tensors):
             answer.add(i, "\n".join(strings))
     elif op == GENERATE:
-        _generate_fields(strict_json(body, "upstream answer"), answer, 0)
+        answer.document = strict_json(body, "upstream answer")
+        _generate_fields(answer.document, answer, 0)
     answer.done = True
 
 
@@ -245,6 +264,73 @@ def answer_from_sse(parser: SSEParser, chunk: bytes, end: bool, answer: Answer) 
     if end:
         events += parser.close()
         answer.done = True
+    answer.chunk_events = []
     for ev in events:
         answer.events += 1
-        _generate_fields(strict_json(ev.data.encode(), "upstream stream event"), answer, 0)
+        doc = strict_json(ev.data.encode(), "upstream stream event")
+        _generate_fields(doc, answer, 0)
+        answer.chunk_events.append(StreamEvent(ev.event, doc))
+
+
+_METADATA = frozenset({"model_name", "model_version", "id", "parameters"})
+
+
+def generate_slots(doc: Any) -> list[Slot]:
+    """The texts of a generate request or answer (every string field but metadata), keyed by field."""
+    out: list[Slot] = []
+    if not isinstance(doc, dict) or "error" in doc:
+        return out
+    for key, value in doc.items():
+        if key in _METADATA:
+            continue
+        if isinstance(value, str):
+            out.append(Slot(key, doc, key))
+        elif isinstance(value, list):
+            out += [Slot((key, i), value, i) for i, v in enumerate(value) if isinstance(v, str)]
+    return out
+
+
+def _json_strings(data: Any) -> list[Slot]:
+    if isinstance(data, list):
+        out: list[Slot] = []
+        for i, item in enumerate(data):
+            out += [Slot(i, data, i)] if isinstance(item, str) else _json_strings(item)
+        return out
+    return []
+
+
+def _encode_bytes_tensor(strings: list[str]) -> bytes:
+    out = bytearray()
+    for s in strings:
+        raw = s.encode("utf-8")
+        out += struct.pack("<I", len(raw)) + raw
+    return bytes(out)
+
+
+def rewrite_tensors(entries: Any, binary: bytes, fix: Callable[[str], str]) -> bytes:
+    """Rewrite every string of the BYTES tensors in `entries` (inputs or outputs) with `fix`,
+    in JSON `data` or in the binary extension; returns the new binary data (other tensors'
+    bytes copied through) and updates each `binary_data_size`. Entries were validated already."""
+    out = bytearray()
+    pos = 0
+    for t in entries if isinstance(entries, list) else ():
+        params = t.get("parameters") or {}
+        size = params.get("binary_data_size")
+        if size is None:
+            if t.get("datatype") == "BYTES":
+                for slot in _json_strings(t.get("data")):
+                    slot.set(fix(slot.get()))
+            continue
+        raw = binary[pos : pos + size]
+        pos += size
+        if t.get("datatype") == "BYTES":
+            raw = _encode_bytes_tensor([fix(s) for s in decode_bytes_tensor(raw, "tensor")])
+            params["binary_data_size"] = len(raw)
+        out += raw
+    return bytes(out)
+
+
+def body_with_binary(doc: Any, binary: bytes) -> tuple[bytes, str | None]:
+    """Serialize a (rewritten) document with its binary data; and the new header length, if any."""
+    json_part = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    return json_part + binary, (str(len(json_part)) if binary else None)

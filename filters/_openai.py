@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from filters._protocols import Answer, Prompt, ProtocolError, Segment, bad, check_text, strict_json
+from filters._protocols import (
+    Answer,
+    Prompt,
+    ProtocolError,
+    Segment,
+    Slot,
+    StreamEvent,
+    bad,
+    check_text,
+    strict_json,
+)
 from filters._sse import SSEParser
 from gateway.errors import ErrorCode
 from gateway.registry import Protocol
@@ -160,7 +170,8 @@ def _take(op: str, doc: Any, message_key: str, answer: Answer) -> None:
 
 def answer_from_json(op: str, body: bytes, answer: Answer) -> None:
     """Fill `answer` from a whole (non-streamed) response body."""
-    _take(op, strict_json(body, "upstream answer"), "message", answer)
+    answer.document = strict_json(body, "upstream answer")
+    _take(op, answer.document, "message", answer)
     answer.done = True
 
 
@@ -169,9 +180,103 @@ def answer_from_sse(op: str, parser: SSEParser, chunk: bytes, end: bool, answer:
     events = parser.feed(chunk)
     if end:
         events += parser.close()
+    answer.chunk_events = []
     for ev in events:
         answer.events += 1
         if ev.data == "[DONE]":
             answer.done = True
+            answer.chunk_events.append(StreamEvent(ev.event, None))
         else:
-            _take(op, strict_json(ev.data.encode(), "upstream stream event"), "delta", answer)
+            doc = strict_json(ev.data.encode(), "upstream stream event")
+            _take(op, doc, "delta", answer)
+            answer.chunk_events.append(StreamEvent(ev.event, doc))
+
+
+# Answer text fields of a chat message or delta. Reasoning is answer text too: it reaches the client.
+_MESSAGE_FIELDS = ("content", "reasoning_content")
+
+
+def request_slots(op: str, doc: dict[str, Any]) -> list[Slot]:
+    """The prompt texts of a validated chat/completion request, for rewriting in place.
+
+    Message contents and text parts; tool-call arguments and tool descriptions are JSON or
+    code written by the application, not rewritten.
+    """
+    out: list[Slot] = []
+    if op == CHAT:
+        for i, msg in enumerate(doc["messages"]):
+            content = msg.get("content")
+            if isinstance(content, str):
+                out.append(Slot(i, msg, "content"))
+            elif isinstance(content, list):
+                out += [Slot(i, part, "text") for part in content]
+    elif isinstance(doc["prompt"], str):
+        out.append(Slot(0, doc, "prompt"))
+    else:
+        out += [Slot(i, doc["prompt"], i) for i in range(len(doc["prompt"]))]
+    return out
+
+
+def answer_slots(op: str, doc: Any, message_key: str) -> list[Slot]:
+    """The answer texts of one answer document (`message` when whole, `delta` when streamed),
+    keyed by (choice index, field) so a choice's streamed pieces form one text."""
+    out: list[Slot] = []
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not isinstance(choices, list):
+        return out
+    for n, choice in enumerate(choices):
+        if not isinstance(choice, dict):
+            continue
+        idx = _index(choice, n)
+        if op == CHAT:
+            part = choice.get(message_key)
+            if isinstance(part, dict):
+                out += [Slot((idx, f), part, f) for f in _MESSAGE_FIELDS if isinstance(part.get(f), str)]
+        elif isinstance(choice.get("text"), str):
+            out.append(Slot((idx, "text"), choice, "text"))
+    return out
+
+
+def finished_choices(doc: Any) -> list[int]:
+    """Indexes of the choices this streamed event finishes."""
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not isinstance(choices, list):
+        return []
+    return [
+        _index(c, n)
+        for n, c in enumerate(choices)
+        if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)
+    ]
+
+
+def append_text(op: str, doc: Any, key: tuple[int, str], text: str) -> bool:
+    """Add `text` to choice/field `key` of a streamed event; False if the event has no such choice."""
+    idx, fld = key
+    for n, choice in enumerate(doc.get("choices") or ()):
+        if isinstance(choice, dict) and _index(choice, n) == idx:
+            if op == CHAT:
+                delta = choice.get("delta")
+                if not isinstance(delta, dict):
+                    delta = choice["delta"] = {}
+                delta[fld] = (delta.get(fld) or "") + text
+            else:
+                choice["text"] = (choice.get("text") or "") + text
+            return True
+    return False
+
+
+def stream_event(op: str, like: Any, texts: dict[tuple[int, str], str]) -> dict[str, Any]:
+    """A streamed event carrying `texts` (held text released at the end), shaped like `like`."""
+    base = like if isinstance(like, dict) else {}
+    doc: dict[str, Any] = {
+        k: base[k] for k in ("id", "object", "created", "model", "system_fingerprint") if k in base
+    }
+    choices: dict[int, dict[str, Any]] = {}
+    for (idx, fld), text in texts.items():
+        choice = choices.setdefault(idx, {"index": idx, "finish_reason": None})
+        if op == CHAT:
+            choice.setdefault("delta", {})[fld] = text
+        else:
+            choice["text"] = text
+    doc["choices"] = list(choices.values())
+    return doc

@@ -7,6 +7,7 @@ not protocol.
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,11 @@ class Answer:
     done: bool = False
     upstream_error: bool = False
     events: int = 0
+    # Set by the protocol filter for the filters after it: the events completed by the current
+    # body chunk (streamed), or the whole parsed answer and its binary tensor data (buffered).
+    chunk_events: list[StreamEvent] = field(default_factory=list)
+    document: Any = None
+    binary: bytes = b""
 
     def add(self, index: int, text: str) -> None:
         """Append text to a choice."""
@@ -64,6 +70,36 @@ class Answer:
     def choices(self) -> list[int]:
         """Choice indexes that have text, in order."""
         return sorted(self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One parsed SSE event of an answer: its `event` field, its JSON document (None for `[DONE]`)."""
+
+    event: str | None
+    doc: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where one piece of text sits in a parsed JSON document, so a filter can rewrite it in place.
+
+    `key` names the text stream it belongs to (a choice and field), so streamed pieces of the
+    same choice are treated as one text.
+    """
+
+    key: Hashable
+    container: Any  # the dict or list holding the text
+    field: str | int
+
+    def get(self) -> str:
+        """The text."""
+        value = self.container[self.field]
+        return value if isinstance(value, str) else ""
+
+    def set(self, text: str) -> None:
+        """Replace the text."""
+        self.container[self.field] = text
 
 
 class ProtocolError(ValueError):

@@ -54,6 +54,7 @@ _BUILTIN_MODULES = (
     "filters.route",
     "filters.static_route",
     "filters.access",
+    "filters.pii",
 )
 
 

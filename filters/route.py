@@ -77,6 +77,8 @@ class RegistryRoute(BaseFilter):
                 doc = dict(p.document)
                 doc["model"] = route.upstream_model
                 body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+                # Later filters that rewrite the body start from what the upstream will get.
+                p.document = doc
         else:
             path = _kserve.upstream_path(
                 _kserve.KPath(p.operation, p.model_ref), route.upstream_model, route.upstream_version

@@ -59,6 +59,9 @@ class Settings:
     static_upstream: str = ""
     # Extra modules that register filters (`@register`), imported before the chain is built.
     filter_modules: tuple[str, ...] = ()
+    # Key of the `hash` PII replacement (default: <state_dir>/pii-hash.key, made on first use).
+    # Share it between replicas so one value gets one token everywhere.
+    pii_key_file: Path | None = None
     # Where workers write their metric snapshots for the admin endpoint (set by `ztgate up`).
     metrics_dir: Path | None = None
 
@@ -92,6 +95,7 @@ class Settings:
             policy_file=Path(e.get("ZTGATE_POLICY_FILE", str(cls.policy_file))),
             static_upstream=e.get("ZTGATE_STATIC_UPSTREAM", ""),
             filter_modules=_list(e.get("ZTGATE_FILTER_MODULES", "")),
+            pii_key_file=Path(e["ZTGATE_PII_KEY_FILE"]) if e.get("ZTGATE_PII_KEY_FILE") else None,
             metrics_dir=Path(e["ZTGATE_METRICS_DIR"]) if e.get("ZTGATE_METRICS_DIR") else None,
         )
         s.check()

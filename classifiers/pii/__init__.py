@@ -1,0 +1,1 @@
+"""PII detection and redaction: presidio recognizers, the engine, and the streaming redactor."""

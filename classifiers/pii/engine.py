@@ -1,0 +1,183 @@
+"""The PII engine: presidio's AnalyzerEngine with our recognizers, pattern-only, built once.
+
+`analyze` NFKC-normalizes the text (full-width digits become ASCII), runs the explicit
+recognizer list at an explicit score threshold, keeps the best of overlapping findings and maps
+offsets back to the original text. `redact` replaces what was found.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
+from presidio_analyzer.nlp_engine import NoOpNlpEngine
+
+from classifiers.pii.recognizers import (
+    BUILTIN_ENTITIES,
+    IP_ADDRESS,
+    PatternRecognizer,
+    ZtRecognizer,
+    builtin,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A finding in the original text: `text[start:end]` is the entity."""
+
+    start: int
+    end: int
+    entity: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class CustomPattern:
+    """A policy-defined entity: a regex and how sure a match is."""
+
+    entity: str
+    regex: str
+    score: float = 0.8
+    context: tuple[str, ...] = ()
+
+
+class Replacement(StrEnum):
+    """How a finding is replaced."""
+
+    MASK = "mask"  # [REDACTED]
+    ENTITY = "entity"  # <CN_RESIDENT_ID>
+    HASH = "hash"  # <CN_RESIDENT_ID:3f2a9c1b0d>, keyed: equal values give equal tokens
+
+
+Replacer = Callable[[Span, str], str]
+_SEPARATORS = re.compile(r"[\s\-().]")
+
+
+def replacer(mode: Replacement, key: bytes = b"") -> Replacer:
+    """The function that turns a finding and its text into its replacement."""
+    if mode is Replacement.MASK:
+        return lambda span, value: "[REDACTED]"
+    if mode is Replacement.ENTITY:
+        return lambda span, value: f"<{span.entity}>"
+    if not key:
+        raise ValueError("hash replacement needs a key")
+
+    def hashed(span: Span, value: str) -> str:
+        # Keyed so tokens cannot be reversed by hashing guesses; separators dropped so one card
+        # written two ways gets one token.
+        canon = _SEPARATORS.sub("", unicodedata.normalize("NFKC", value)).lower()
+        digest = hmac.new(key, f"{span.entity}\0{canon}".encode(), hashlib.sha256).hexdigest()
+        return f"<{span.entity}:{digest[:10]}>"
+
+    return hashed
+
+
+def normalize(text: str) -> tuple[str, list[int] | None]:
+    """NFKC-normalize per character; with the original index of every normalized character
+    (plus one past the end), or None when nothing changed."""
+    if text.isascii() or unicodedata.is_normalized("NFKC", text):
+        return text, None
+    out: list[str] = []
+    back: list[int] = []
+    for i, ch in enumerate(text):
+        n = unicodedata.normalize("NFKC", ch) if not ch.isascii() else ch
+        out.append(n)
+        back += [i] * len(n)
+    back.append(len(text))
+    return "".join(out), back
+
+
+# Every built-in entity contains a digit, an '@' (e-mail) or a ':' (IPv6): text without any
+# of them skips analysis altogether, which is most streamed prose.
+_MAYBE_PII = re.compile(r"[0-9@:]")
+
+
+class PiiEngine:
+    """Find and redact PII; build once per worker and share (it holds no per-call state)."""
+
+    def __init__(
+        self,
+        entities: Sequence[str] = BUILTIN_ENTITIES,
+        threshold: float = 0.5,
+        patterns: Sequence[CustomPattern] = (),
+        phone_regions: Sequence[str] = ("US", "CN"),
+    ) -> None:
+        unknown = sorted(set(entities) - set(BUILTIN_ENTITIES) - {p.entity for p in patterns})
+        if unknown:
+            raise ValueError(f"unknown entities {unknown}")
+        recognizers: list[ZtRecognizer] = builtin(entities, phone_regions)
+        recognizers += [PatternRecognizer(p.entity, p.regex, p.score, p.context) for p in patterns]
+        self.entities = tuple(dict.fromkeys([*entities, *(p.entity for p in patterns)]))
+        self.threshold = threshold
+        self._priority = {e: i for i, e in enumerate([*BUILTIN_ENTITIES, *(p.entity for p in patterns)])}
+        self._prefilter = None if patterns else _MAYBE_PII
+        self._analyzer = AnalyzerEngine(
+            registry=RecognizerRegistry(recognizers=recognizers, supported_languages=["en"]),
+            nlp_engine=NoOpNlpEngine(models=[{"lang_code": "en", "model_name": "none"}]),
+            supported_languages=["en"],
+            default_score_threshold=threshold,
+        )
+
+    def warm(self) -> None:
+        """Load lazily built parts (phone metadata per region) now, not on the first request."""
+        self.analyze("warm-up: +1 415-555-2671, 13800138000, a@b.co, 4111111111111111, 1.2.3.4")
+
+    def analyze(self, text: str) -> list[Span]:
+        """Findings in `text` at or above the threshold, non-overlapping, in text order."""
+        if not text:
+            return []
+        norm, back = normalize(text)
+        if self._prefilter is not None and not self._prefilter.search(norm):
+            return []
+        results = self._analyzer.analyze(
+            norm, language="en", entities=list(self.entities), score_threshold=self.threshold
+        )
+        # The best finding wins an overlap: higher score, then entity priority, then longer.
+        ranked = sorted(
+            results,
+            key=lambda r: (-r.score, self._priority.get(r.entity_type, 99), r.start - r.end),
+        )
+        kept: list[Span] = []
+        for r in ranked:
+            if any(r.start < k.end and k.start < r.end for k in kept):
+                continue
+            kept.append(Span(r.start, r.end, r.entity_type, round(float(r.score), 4)))
+        if back is not None:
+            kept = [Span(back[s.start], back[s.end], s.entity, s.score) for s in kept]
+        return sorted(kept, key=lambda s: s.start)
+
+    def redact(self, text: str, replace: Replacer) -> tuple[str, list[Span]]:
+        """`text` with every finding replaced, and the findings (offsets into `text`)."""
+        spans = self.analyze(text)
+        return apply(text, spans, replace), spans
+
+
+def apply(text: str, spans: Sequence[Span], replace: Replacer) -> str:
+    """Replace non-overlapping, ordered spans in `text`."""
+    if not spans:
+        return text
+    out: list[str] = []
+    pos = 0
+    for s in spans:
+        out += [text[pos : s.start], replace(s, text[s.start : s.end])]
+        pos = s.end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+__all__ = [
+    "IP_ADDRESS",
+    "CustomPattern",
+    "PiiEngine",
+    "Replacement",
+    "Span",
+    "apply",
+    "normalize",
+    "replacer",
+]

@@ -1,0 +1,119 @@
+"""Redact streamed text without leaking and without stalling.
+
+Per stream key (a choice, an output field), text that could still grow into PII is held back:
+the trailing run of characters an entity can contain (digits, letters, `@._%+-:()/#`) and the
+digit groups before it (`6222 0000 …`, `+86 138 …`, `DE89 3704 …`). Everything before it is
+released now, redacted with the last released characters as context, so Chinese prose and
+finished words flow at once while `1380013` waits for the rest of the number. Released text is
+never retracted, and a cut never falls inside a detected entity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from classifiers.pii.engine import PiiEngine, Replacer, Span, apply, normalize
+from classifiers.pii.recognizers import CONTEXT_WINDOW, MAX_ENTITY_CHARS
+
+# Characters an entity can be made of (after NFKC), and the gaps allowed between digit groups.
+_ENTITY_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ@._%+-:()/#")
+_GAPS = frozenset(" \u00a0\u3000")
+# Released characters kept as context for the next release: look-behinds and context words.
+_TAIL = CONTEXT_WINDOW + 16
+
+
+def _entity_char(ch: str) -> bool:
+    if ch in _ENTITY_CHARS:
+        return True
+    if ch.isascii():
+        return False
+    n, _ = normalize(ch)
+    return len(n) == 1 and n in _ENTITY_CHARS
+
+
+def _has_digit(s: str) -> bool:
+    return any(c.isdigit() for c in s)
+
+
+def safe_cut(text: str) -> int:
+    """How much of `text` can be released: everything before what could still grow into PII."""
+    i = len(text)
+    while i > 0 and _entity_char(text[i - 1]):
+        i -= 1
+    # Walk back over digit groups joined by single gaps: one grouped number may still be arriving.
+    while i > 0 and text[i - 1] in _GAPS:
+        k = j = i - 1
+        while k > 0 and _entity_char(text[k - 1]):
+            k -= 1
+        if k == j or not _has_digit(text[k:j]) or len(text) - k > MAX_ENTITY_CHARS:
+            break
+        i = k
+    # Nothing that started more than an entity's length ago can still grow into one.
+    return max(i, len(text) - MAX_ENTITY_CHARS)
+
+
+@dataclass(slots=True)
+class _Stream:
+    pending: str = ""
+    tail: str = ""  # the last released original characters
+
+
+@dataclass(slots=True)
+class StreamRedactor:
+    """Feed deltas per key; get back the redacted text that can be released now."""
+
+    engine: PiiEngine
+    replace: Replacer
+    streams: dict[Hashable, _Stream] = field(default_factory=dict)
+    found: list[Span] = field(default_factory=list)  # entity findings, offsets per stream
+    _offsets: dict[Hashable, int] = field(default_factory=dict)
+
+    def push(self, key: Hashable, delta: str) -> str:
+        """Add `delta` to stream `key`; return what may be released now (possibly "")."""
+        st = self.streams.setdefault(key, _Stream())
+        st.pending += delta
+        cut = safe_cut(st.pending)
+        if cut <= 0:
+            return ""
+        return self._release(key, st, cut, final=False)
+
+    def flush(self, key: Hashable) -> str:
+        """End of stream `key` (finish reason, [DONE], end of body): release everything held."""
+        st = self.streams.get(key)
+        if st is None or not st.pending:
+            return ""
+        return self._release(key, st, len(st.pending), final=True)
+
+    def held(self, key: Hashable) -> int:
+        """Characters of stream `key` held back right now."""
+        st = self.streams.get(key)
+        return len(st.pending) if st else 0
+
+    def _release(self, key: Hashable, st: _Stream, cut: int, *, final: bool) -> str:
+        ctx = st.tail
+        text = ctx + st.pending
+        spans = [s for s in self.engine.analyze(text) if s.end > len(ctx)]
+        stop = len(ctx) + cut
+        if not final:
+            # Never cut inside an entity: move the cut before it (or past it, if it ends in time).
+            for s in spans:
+                if s.start < stop < s.end:
+                    stop = s.start if s.start > len(ctx) else s.end
+        released = text[len(ctx) : stop]
+        if not released:
+            return ""
+        mine = [
+            Span(max(s.start, len(ctx)), s.end, s.entity, s.score)
+            for s in spans
+            if s.start < stop and s.end <= stop
+        ]
+        base = self._offsets.get(key, 0)
+        self.found += [
+            Span(base + s.start - len(ctx), base + s.end - len(ctx), s.entity, s.score) for s in mine
+        ]
+        self._offsets[key] = base + len(released)
+        out = apply(text[:stop], mine, self.replace)[len(ctx) :] if mine else released
+        st.pending = st.pending[len(released) :]
+        st.tail = text[:stop][-_TAIL:]
+        return out

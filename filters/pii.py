@@ -1,0 +1,349 @@
+"""PII redaction on prompts and answers, streamed answers included.
+
+Request side: every prompt text (chat messages and text parts, completion prompts, KServe
+generate fields and BYTES inputs) is redacted before the upstream sees it. Response side:
+whole answers (OpenAI JSON, KServe infer BYTES outputs in JSON or binary, generate) are
+redacted before the client sees them; streamed answers (OpenAI SSE, KServe generate_stream)
+are redacted event by event with a small hold-back per choice (see classifiers.pii.stream), so
+the client gets the same sequence of events, live, without the PII.
+
+What was redacted is recorded as entity types and counts per side, never values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import secrets
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import phonenumbers
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from classifiers.pii.engine import CustomPattern, PiiEngine, Replacement, Replacer, replacer
+from classifiers.pii.recognizers import BUILTIN_ENTITIES, MAX_ENTITY_CHARS
+from classifiers.pii.stream import StreamRedactor
+from filters import _kserve, _openai
+from filters._protocols import Slot, StreamEvent
+from filters.base import CONTINUE, BaseFilter, Continue, Decision, Phase, RequestContext, Verdict
+from filters.chain import BuildEnv, register
+from gateway.registry import Protocol
+
+# Texts longer than this are redacted off the event loop, so the phase budget can still fire.
+_INLINE_CHARS = 8192
+
+
+class PatternSpec(BaseModel):
+    """A custom PII pattern: data, never code."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    entity: str = Field(pattern=r"^[A-Z][A-Z0-9_]{1,39}$", description="Entity name, e.g. EMPLOYEE_ID.")
+    regex: str = Field(
+        description=f"Python regular expression; matches should stay under {MAX_ENTITY_CHARS} characters "
+        "so streamed answers can hold them back whole."
+    )
+    score: float = Field(default=0.8, ge=0.0, le=1.0, description="Confidence given to a match.")
+    context: list[str] = Field(
+        default_factory=list,
+        description="If given, a match counts only when one of these words appears just before it.",
+    )
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            rx = re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"regex does not compile: {exc}") from None
+        if rx.match(""):
+            raise ValueError("regex matches the empty string")
+        return v
+
+
+class PiiParams(BaseModel):
+    """Parameters of the PII filter."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    entities: list[str] = Field(
+        default_factory=lambda: list(BUILTIN_ENTITIES),
+        description=f"Entities to redact: built-in ({', '.join(BUILTIN_ENTITIES)}) or a custom pattern's.",
+    )
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0, description="Findings scoring below this are kept.")
+    replacement: Literal["mask", "entity", "hash"] = Field(
+        default="entity",
+        description="mask: [REDACTED]; entity: <CN_RESIDENT_ID>; hash: <CN_RESIDENT_ID:3f2a9c1b0d>, keyed.",
+    )
+    request: bool = Field(default=False, description="Redact prompts before they reach the model.")
+    response: bool = Field(default=True, description="Redact answers before they reach the client.")
+    mode: Literal["enforce", "monitor"] = Field(
+        default="enforce", description="monitor: find and record, but change nothing (dry run)."
+    )
+    patterns: list[PatternSpec] = Field(default_factory=list, description="Custom entities as regexes.")
+    phone_regions: list[str] = Field(
+        default_factory=lambda: ["US", "CN"],
+        description="Regions whose national phone formats are recognized (ISO 3166 codes).",
+    )
+
+    @field_validator("phone_regions")
+    @classmethod
+    def _regions(cls, v: list[str]) -> list[str]:
+        bad = [r for r in v if r not in phonenumbers.SUPPORTED_REGIONS]
+        if bad:
+            raise ValueError(f"unknown phone regions {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _known_entities(self) -> PiiParams:
+        custom = {p.entity for p in self.patterns}
+        unknown = [e for e in self.entities if e not in BUILTIN_ENTITIES and e not in custom]
+        if unknown:
+            raise ValueError(f"unknown entities {unknown}: built-in are {', '.join(BUILTIN_ENTITIES)}")
+        return self
+
+
+def _hash_key(path: Path) -> bytes:
+    """The replacement-hash key: made once (0600) and shared by every worker and restart."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return bytes.fromhex(path.read_text().strip())
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return bytes.fromhex(path.read_text().strip())
+
+
+@dataclass(slots=True)
+class _State:
+    stream: StreamRedactor | None = None
+    last_doc: Any = None
+    found: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+def _sse(ev: StreamEvent, doc: Any) -> bytes:
+    head = f"event: {ev.event}\n" if ev.event else ""
+    data = "[DONE]" if doc is None else json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+    return f"{head}data: {data}\n\n".encode()
+
+
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class PiiRedactor(BaseFilter):
+    """Redact PII in prompts and answers with presidio and ztgate's recognizers."""
+
+    name: ClassVar[str] = "pii"
+    phases: ClassVar[Phase] = Phase.REQUEST_BODY | Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY
+    needs: ClassVar[tuple[str, ...]] = ("protocol",)
+
+    def __init__(self, engine: PiiEngine, replace: Replacer, params: PiiParams) -> None:
+        self.engine = engine
+        self.replace = replace
+        self.request = params.request
+        self.response = params.response
+        self.monitor = params.mode == "monitor"
+
+    def _state(self, ctx: RequestContext) -> _State:
+        st = ctx.state.get(self.name)
+        if not isinstance(st, _State):
+            st = ctx.state[self.name] = _State()
+        return st
+
+    def _fixer(self, st: _State, side: str) -> Callable[[str], str]:
+        def fix(text: str) -> str:
+            out, spans = self.engine.redact(text, self.replace)
+            for s in spans:
+                st.found[side, s.entity] += 1
+            return text if self.monitor else out
+
+        return fix
+
+    async def _run(self, size: int, work: Callable[[], Any]) -> Any:
+        # CPU-bound: short texts inline; long ones in a thread, so the phase budget can still fire.
+        if size <= _INLINE_CHARS:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(None, work)
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        p = ctx.prompt
+        if not self.request or p is None or not isinstance(p.document, dict):
+            return CONTINUE
+        st = self._state(ctx)
+        fix = self._fixer(st, "request")
+        doc = json.loads(_dumps(p.document))  # a private copy: nothing is changed unless all succeeds
+        size = sum(len(s.text) for s in p.segments)
+
+        def work() -> tuple[bytes, str | None] | None:
+            if p.protocol is Protocol.OPENAI:
+                slots = _openai.request_slots(p.operation, doc)
+            elif p.operation == _kserve.INFER:
+                binary = _kserve.rewrite_tensors(doc.get("inputs"), p.binary_tail, fix)
+                return _kserve.body_with_binary(doc, binary)
+            else:
+                slots = _kserve.generate_slots(doc)
+            changed = False
+            for slot in slots:
+                old = slot.get()
+                new = fix(old)
+                if new != old:
+                    slot.set(new)
+                    changed = True
+            return (_dumps(doc), None) if changed else None
+
+        result = await self._run(size, work)
+        if result is None or self.monitor or not any(k == "request" for k, _ in st.found):
+            return CONTINUE
+        new_body, header_length = result
+        p.document = doc
+        p.segments = tuple(_reparse(p.protocol, p.operation, p.model_ref, new_body, header_length))
+        headers = ((_kserve.HEADER_LENGTH, header_length),) if header_length else ()
+        return Continue(set_headers=headers, body=new_body)
+
+    async def on_response_headers(self, ctx: RequestContext) -> Decision:
+        status = ctx.response_status or 0
+        if not self.response or not 200 <= status < 300:
+            return CONTINUE
+        if ctx.response_headers.get("content-type", "").startswith("text/event-stream") and not self.monitor:
+            self._state(ctx).stream = StreamRedactor(self.engine, self.replace)
+            # Events are rewritten, so the body length changes: it travels chunked.
+            return Continue(remove_headers=("content-length",))
+        return CONTINUE
+
+    async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
+        status = ctx.response_status or 0
+        answer, p = ctx.answer, ctx.prompt
+        if not self.response or answer is None or p is None or not 200 <= status < 300:
+            return CONTINUE
+        st = self._state(ctx)
+        if st.stream is not None:
+            return Continue(
+                body=self._stream_chunk(st, st.stream, p.protocol, p.operation, answer.chunk_events, end=end)
+            )
+        if self.monitor and answer.done and end:
+            for i in answer.choices:
+                self._fixer(st, "response")(answer.text(i))
+            return CONTINUE
+        if not end or answer.document is None or answer.upstream_error:
+            return CONTINUE
+        doc, fix = answer.document, self._fixer(st, "response")
+        size = sum(len(answer.text(i)) for i in answer.choices)
+
+        def work() -> tuple[bytes, str | None]:
+            if p.protocol is Protocol.OPENAI:
+                slots = _openai.answer_slots(p.operation, doc, "message")
+            elif p.operation == _kserve.INFER:
+                binary = _kserve.rewrite_tensors(doc.get("outputs"), answer.binary, fix)
+                return _kserve.body_with_binary(doc, binary)
+            else:
+                slots = _kserve.generate_slots(doc)
+            for slot in slots:
+                slot.set(fix(slot.get()))
+            return _dumps(doc), None
+
+        body, header_length = await self._run(size, work)
+        headers = ((_kserve.HEADER_LENGTH, header_length),) if header_length else ()
+        return Continue(set_headers=headers, body=body)
+
+    def _stream_chunk(
+        self,
+        st: _State,
+        red: StreamRedactor,
+        proto: Protocol,
+        op: str,
+        events: list[StreamEvent],
+        *,
+        end: bool,
+    ) -> bytes:
+        out: list[bytes] = []
+        openai = proto is Protocol.OPENAI
+        before = len(red.found)
+        for ev in events:
+            doc = ev.doc
+            if doc is None:  # [DONE]: whatever is still held goes out first
+                out += self._flush_all(red, proto, op, st.last_doc)
+                out.append(_sse(ev, None))
+                continue
+            slots: list[Slot] = (
+                _openai.answer_slots(op, doc, "delta") if openai else _kserve.generate_slots(doc)
+            )
+            for slot in slots:
+                slot.set(red.push(slot.key, slot.get()))
+            if openai:
+                for idx in _openai.finished_choices(doc):
+                    for key in [k for k in red.streams if isinstance(k, tuple) and k[0] == idx]:
+                        text = red.flush(key)
+                        if text:
+                            _openai.append_text(op, doc, key, text)
+            st.last_doc = doc
+            out.append(_sse(ev, doc))
+        if end:
+            out += self._flush_all(red, proto, op, st.last_doc)
+        for s in red.found[before:]:
+            st.found["response", s.entity] += 1
+        return b"".join(out)
+
+    def _flush_all(self, red: StreamRedactor, proto: Protocol, op: str, like: Any) -> list[bytes]:
+        texts: dict[Hashable, str] = {}
+        for key in list(red.streams):
+            text = red.flush(key)
+            if text:
+                texts[key] = text
+        if not texts:
+            return []
+        if proto is Protocol.OPENAI:
+            doc: Any = _openai.stream_event(op, like, texts)  # type: ignore[arg-type]
+        else:
+            base = like if isinstance(like, dict) else {}
+            doc = {k: base[k] for k in ("model_name", "model_version", "id") if k in base}
+            for key, text in texts.items():
+                doc[key if isinstance(key, str) else str(key)] = text
+        return [_sse(StreamEvent(None, doc), doc)]
+
+    async def on_end(self, ctx: RequestContext) -> None:
+        st = ctx.state.get(self.name)
+        if isinstance(st, _State) and st.found:
+            # Types and counts only, never values: this is what the audit record carries.
+            detail = ",".join(f"{side}:{entity}={n}" for (side, entity), n in sorted(st.found.items()))
+            action = "monitor" if self.monitor else "redact"
+            ctx.verdicts.append(Verdict(self.name, "end", action, 0.0, detail))
+
+
+def _reparse(
+    proto: Protocol, op: str, model_ref: str | None, body: bytes, header_length: str | None
+) -> list[Any]:
+    """The prompt segments of a rewritten body, so later filters see what the upstream sees."""
+    if proto is Protocol.OPENAI:
+        return list(_openai.parse_request(op, body).segments)
+    kp = _kserve.KPath(op, model_ref)
+    return list(_kserve.parse_request(kp, body, header_length).segments)
+
+
+@register("pii", PiiParams)
+def _build(env: BuildEnv, params: PiiParams) -> PiiRedactor:
+    patterns = tuple(CustomPattern(p.entity, p.regex, p.score, tuple(p.context)) for p in params.patterns)
+    spec = json.dumps(
+        [params.entities, params.threshold, [p.model_dump() for p in params.patterns], params.phone_regions]
+    )
+    key = hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+    def make() -> PiiEngine:
+        engine = PiiEngine(params.entities, params.threshold, patterns, params.phone_regions)
+        engine.warm()
+        return engine
+
+    engine = env.engine(f"pii:{key}", make)
+    mode = Replacement(params.replacement)
+    secret = (
+        _hash_key(env.settings.pii_key_file or env.settings.state_dir / "pii-hash.key")
+        if mode is Replacement.HASH
+        else b""
+    )
+    return PiiRedactor(engine, replacer(mode, secret), params)
