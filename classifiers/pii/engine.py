@@ -145,9 +145,18 @@ class PiiEngine:
         )
         kept: list[Span] = []
         for r in ranked:
-            if any(r.start < k.end and k.start < r.end for k in kept):
+            overlap = [k for k in kept if r.start < k.end and k.start < r.end]
+            if not overlap:
+                kept.append(Span(r.start, r.end, r.entity_type, round(float(r.score), 4)))
                 continue
-            kept.append(Span(r.start, r.end, r.entity_type, round(float(r.score), 4)))
+            # The weaker finding still covers text: the winner grows over it, or the part left
+            # outside would be redacted on its own next time (redaction must be idempotent).
+            for k in overlap:
+                kept.remove(k)
+            best = overlap[0]
+            start = min(r.start, *(k.start for k in overlap))
+            end = max(r.end, *(k.end for k in overlap))
+            kept.append(Span(start, end, best.entity, best.score))
         if back is not None:
             kept = [Span(back[s.start], back[s.end], s.entity, s.score) for s in kept]
         return sorted(kept, key=lambda s: s.start)
@@ -155,7 +164,15 @@ class PiiEngine:
     def redact(self, text: str, replace: Replacer) -> tuple[str, list[Span]]:
         """`text` with every finding replaced, and the findings (offsets into `text`)."""
         spans = self.analyze(text)
-        return apply(text, spans, replace), spans
+        out = apply(text, spans, replace)
+        # A replacement can turn its neighbour into an entity (`2001:db8::0a@b.co` → the address
+        # left of `[REDACTED]` now ends cleanly): redact until nothing more is found.
+        for _ in range(3):
+            more = self.analyze(out) if spans else []
+            if not more:
+                break
+            out = apply(out, more, replace)
+        return out, spans
 
 
 def apply(text: str, spans: Sequence[Span], replace: Replacer) -> str:

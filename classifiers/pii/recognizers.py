@@ -83,8 +83,9 @@ _HAN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 @functools.lru_cache(maxsize=64)
 def _words_re(words: tuple[str, ...]) -> re.Pattern[str]:
-    # Latin words only as whole words ("tel" is not in "tell me"); Chinese words anywhere.
-    alts = [rf"(?<![a-z]){re.escape(w)}(?![a-z])" if w.isascii() else re.escape(w) for w in words]
+    # Latin words only as whole words ("tel" is not in "tell me", "phone" not in a
+    # `<PHONE_NUMBER>` placeholder); Chinese words anywhere.
+    alts = [rf"(?<![a-z_]){re.escape(w)}(?![a-z_])" if w.isascii() else re.escape(w) for w in words]
     return re.compile("|".join(alts))
 
 
@@ -147,8 +148,10 @@ class ZtRecognizer(LocalRecognizer):
 
 
 # Digit boundaries: not inside a longer number, a decimal or a dash-joined digit run.
-_NUM_START = r"(?<![0-9])(?<![0-9][-.,])"
-_NUM_END = r"(?![0-9])(?![-.,][0-9])"
+# Letters too: `example.com13800138000` is not a phone number, and a number glued to letters is
+# an identifier of some other kind (hashes, SKUs). Han characters are not letters here.
+_NUM_START = r"(?<![0-9A-Za-z])(?<![0-9][-.,])"
+_NUM_END = r"(?![0-9A-Za-z])(?![-.,][0-9])"
 
 
 class CnResidentIdRecognizer(ZtRecognizer):
@@ -197,7 +200,7 @@ class CardRecognizer(ZtRecognizer):
     ENTITIES = (CREDIT_CARD, CN_BANK_CARD)
     _RE = re.compile(
         _NUM_START
-        + r"(?:\d{4}(?P<a>[ -])\d{4}(?P=a)\d{4}(?P=a)\d{4}(?:(?P=a)\d{1,3})?"
+        + r"(?:\d{4}(?P<a>[ -])\d{4}(?P=a)\d{4}(?:(?P=a)\d{1,4}(?:(?P=a)\d{1,3})?)?"
         + r"|\d{4}(?P<b>[ -])\d{6}(?P=b)\d{4,5}"
         + r"|\d{6}(?P<c>[ -])\d{10,13}"
         + r"|\d{12,19})"
@@ -289,7 +292,9 @@ class IpRecognizer(ZtRecognizer):
             yield Finding(m.start(), m.end(), IP_ADDRESS, score)
         for m in self._V6.finditer(text):
             value = m.group()
-            if value.strip(":") == "":
+            groups = [g for g in re.split(r"[:.]", value) if g]
+            # `a::b` (C++ scopes) and `::1` are valid addresses but not someone's address.
+            if len(groups) < 2 or (len(groups) < 3 and not any(c.isdigit() for c in value)):
                 continue
             try:
                 ipaddress.IPv6Address(value)

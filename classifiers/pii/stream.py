@@ -57,6 +57,7 @@ def safe_cut(text: str) -> int:
 class _Stream:
     pending: str = ""
     tail: str = ""  # the last released original characters
+    tail_out: str = ""  # the last released characters as the client got them
 
 
 @dataclass(slots=True)
@@ -114,6 +115,15 @@ class StreamRedactor:
         ]
         self._offsets[key] = base + len(released)
         out = apply(text[:stop], mine, self.replace)[len(ctx) :] if mine else released
+        if mine or st.tail_out != st.tail:
+            # As in PiiEngine.redact: a replacement (here or just before) can expose a neighbour.
+            for _ in range(3):
+                seen = st.tail_out + out
+                more = [s for s in self.engine.analyze(seen) if s.start >= len(st.tail_out)]
+                if not more:
+                    break
+                out = apply(seen, more, self.replace)[len(st.tail_out) :]
         st.pending = st.pending[len(released) :]
         st.tail = text[:stop][-_TAIL:]
+        st.tail_out = (st.tail_out + out)[-_TAIL:]
         return out

@@ -1,0 +1,154 @@
+"""PII recognizers as tables of (text, expected spans), values generated with real check digits."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bench import pii_synth as synth
+from classifiers.pii._checks import cn_id_ok, iban_ok, luhn_ok
+from classifiers.pii.engine import CustomPattern, PiiEngine, Replacement, Span, replacer
+
+ENGINE = PiiEngine()
+RNG = random.Random(20261130)
+
+
+def _found(text: str) -> list[tuple[str, str]]:
+    return [(s.entity, text[s.start : s.end]) for s in ENGINE.analyze(text)]
+
+
+def _fw(s: str) -> str:
+    return s.translate({ord(c): ord(c) + 0xFEE0 for c in "0123456789"})
+
+
+ID = synth.cn_id(RNG)
+ID_X = next(v for v in (synth.cn_id(RNG) for _ in range(500)) if v.endswith("X"))
+MOBILE = synth.cn_mobile(RNG)
+BANK = synth.cn_bank_card(RNG)
+VISA = synth.card(RNG, "visa")
+IBAN = synth.iban(RNG)
+
+POSITIVE = [
+    # Chinese text around the value: stock \b-anchored regexes miss every one of these.
+    (f"我的身份证号是{ID}，请核对", "CN_RESIDENT_ID", ID),
+    (f"身份证{ID_X}已登记", "CN_RESIDENT_ID", ID_X),
+    (f"证件 {ID[:6]} {ID[6:14]} {ID[14:]}", "CN_RESIDENT_ID", f"{ID[:6]} {ID[6:14]} {ID[14:]}"),
+    (f"证件号{ID[:6]}-{ID[6:14]}-{ID[14:]}", "CN_RESIDENT_ID", f"{ID[:6]}-{ID[6:14]}-{ID[14:]}"),
+    ("身份证号码110105491231002", "CN_RESIDENT_ID", "110105491231002"),  # legacy 15 digits, context word
+    (f"请拨打{MOBILE}联系", "CN_MOBILE", MOBILE),
+    (f"手机：{MOBILE[:3]} {MOBILE[3:7]} {MOBILE[7:]}", "CN_MOBILE", f"{MOBILE[:3]} {MOBILE[3:7]} {MOBILE[7:]}"),
+    (f"电话+86 {MOBILE}", "CN_MOBILE", f"+86 {MOBILE}"),
+    (f"0086{MOBILE}是他的", "CN_MOBILE", f"0086{MOBILE}"),
+    (f"手机{_fw(MOBILE)}谢谢", "CN_MOBILE", _fw(MOBILE)),  # full-width digits, offsets mapped back
+    (f"银行卡{BANK}转账", "CN_BANK_CARD", BANK),
+    (f"卡号：{synth.grouped(BANK)}", "CN_BANK_CARD", synth.grouped(BANK)),
+    (f"信用卡号{VISA}", "CREDIT_CARD", VISA),
+    ("邮箱zhang.san@example.com谢谢", "EMAIL_ADDRESS", "zhang.san@example.com"),
+    ("IP地址192.168.10.23无法访问", "IP_ADDRESS", "192.168.10.23"),
+    ("IPv6地址2001:db8:85a3::8a2e:370:7334不通", "IP_ADDRESS", "2001:db8:85a3::8a2e:370:7334"),
+    (f"IBAN {IBAN} please", "IBAN_CODE", IBAN),
+    (f"IBAN {' '.join(IBAN[i : i + 4] for i in range(0, len(IBAN), 4))}.", "IBAN_CODE",
+     " ".join(IBAN[i : i + 4] for i in range(0, len(IBAN), 4))),
+    (f"my iban is {IBAN.lower()}", "IBAN_CODE", IBAN.lower()),
+    ("SSN 078-05-1120 on file", "US_SSN", "078-05-1120"),
+    ("social security number 078051120", "US_SSN", "078051120"),
+    ("call me at (415) 555-2671 tomorrow", "PHONE_NUMBER", "(415) 555-2671"),
+    ("office +44 20 7946 0958", "PHONE_NUMBER", "+44 20 7946 0958"),
+    ("Phone: 021-4006034", "PHONE_NUMBER", "021-4006034"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "entity", "value"), POSITIVE)
+def test_finds_entity_next_to_any_script(text: str, entity: str, value: str) -> None:
+    assert (entity, value) in _found(text)
+
+
+@pytest.mark.parametrize(("brand", "prefixes", "lengths"), synth.CARD_BRANDS)
+def test_cards_of_every_scheme_and_length(
+    brand: str, prefixes: tuple[str, ...], lengths: tuple[int, ...]
+) -> None:
+    for prefix in prefixes:
+        for n in lengths:
+            number = synth.with_luhn(prefix, n, RNG)
+            for shown in (number, synth.grouped(number), synth.grouped(number, "-")):
+                text = f"Pay with card {shown} today."
+                entities = _found(text)
+                assert entities and entities[0][1] == shown, (brand, shown, entities)
+                assert entities[0][0] in ("CREDIT_CARD", "CN_BANK_CARD")
+
+
+NEAR_MISSES = [
+    f"身份证号{synth.cn_id(RNG, valid=False)}校验不通过",  # wrong check character
+    "身份证号11010519491331002X",  # month 13
+    "编号12345678901",  # 11 digits, not a 1[3-9] segment
+    "订单号13812345678已发货",  # a mobile's shape, but an order number
+    "timestamp 1732982400123",
+    "Order #4532015112 shipped",  # ten digits: read as a US number by phonenumbers
+    "build 10.0.0.1.5",  # a dotted version, not an address
+    "total 1,234,567.89",
+    "ISBN 978-3-16-148410-0",
+    "the 2026-11-30 12:30:45 run",
+    "ref 4111111111111112",  # 16 digits, Luhn fails
+    "Mrs. Karen Suite 680 36 4022 Oakridge",  # spaced 3-2-4 address numbers are not an SSN
+    "std::vector<int> and a::b",
+    "tell me 3/23/1940",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", NEAR_MISSES)
+def test_near_misses_are_not_pii(text: str) -> None:
+    if text.startswith("ref "):
+        assert not luhn_ok(text.split()[1])
+    assert _found(text) == []
+
+
+def test_generated_values_are_what_they_claim() -> None:
+    assert all(cn_id_ok(synth.cn_id(RNG)) for _ in range(200))
+    assert not any(cn_id_ok(synth.cn_id(RNG, valid=False)) for _ in range(200))
+    assert all(iban_ok(synth.iban(RNG)) for _ in range(200))
+    assert all(luhn_ok(synth.cn_bank_card(RNG)) for _ in range(200))
+
+
+def test_replacements_and_keyed_hash() -> None:
+    text = f"卡号{BANK}，再说一遍 {synth.grouped(BANK)}"
+    masked, spans = ENGINE.redact(text, replacer(Replacement.MASK))
+    assert masked == "卡号[REDACTED]，再说一遍 [REDACTED]" and len(spans) == 2
+    typed, _ = ENGINE.redact(text, replacer(Replacement.ENTITY))
+    assert typed == "卡号<CN_BANK_CARD>，再说一遍 <CN_BANK_CARD>"
+    hashed, _ = ENGINE.redact(text, replacer(Replacement.HASH, b"k1"))
+    tokens = [t for t in hashed.replace("，", " ").split() if t.startswith("<") or "<" in t]
+    assert len({t[t.index("<") :] for t in tokens}) == 1  # one card written two ways: one token
+    other, _ = ENGINE.redact(text, replacer(Replacement.HASH, b"k2"))
+    assert other != hashed and BANK not in hashed
+    with pytest.raises(ValueError, match="key"):
+        replacer(Replacement.HASH)
+
+
+def test_offsets_map_back_through_full_width_text() -> None:
+    text = f"ＩＤ：{_fw(ID)}。"
+    (span,) = ENGINE.analyze(text)
+    assert text[span.start : span.end] == _fw(ID)
+
+
+def test_custom_patterns_with_context_and_threshold() -> None:
+    eng = PiiEngine(
+        ["EMPLOYEE_ID", "EMAIL_ADDRESS"],
+        threshold=0.6,
+        patterns=[CustomPattern("EMPLOYEE_ID", r"EMP-\d{6}", 0.9, ("工号", "employee"))],
+    )
+    assert [s.entity for s in eng.analyze("工号EMP-123456")] == ["EMPLOYEE_ID"]
+    assert eng.analyze("code EMP-123456") == []  # no context word before it
+    assert eng.analyze(f"card {VISA}") == []  # not an entity this engine looks for
+    with pytest.raises(ValueError, match="unknown entities"):
+        PiiEngine(["NOPE"])
+
+
+def test_overlaps_keep_the_best_finding() -> None:
+    # A Gansu ID (62…) can pass Luhn too: the checked ID wins over a card.
+    gansu = next(v for v in (synth.cn_id(RNG) for _ in range(20000)) if v.startswith("62") and luhn_ok(v))
+    assert _found(f"身份证{gansu}") == [("CN_RESIDENT_ID", gansu)]
+    spans = ENGINE.analyze(f"a {VISA} b a@b.co")
+    assert all(isinstance(s, Span) for s in spans)
+    assert [s.start for s in spans] == sorted(s.start for s in spans)
