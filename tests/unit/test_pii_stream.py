@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,7 +24,7 @@ _FILLER = [
     "您好，", "我的", "手机", "身份证号是", "银行卡", "谢谢。", "订单号", "call ", "card ", " and ", "\n",
     " ", "  ", "123", "0", "-", ".", "@", "：", "phone: ", "IBAN ", "ok", "Email ", "version 1.2", "x",
 ]  # fmt: skip
-_VALUES = [
+_VALUES: list[Callable[[random.Random], str]] = [
     synth.cn_id,
     lambda r: synth.cn_id(r, valid=False),
     lambda r: synth.cn_mobile(r, r.choice(("plain", "space", "dash", "+86"))),
