@@ -28,8 +28,25 @@ def _split(raw: bytes, rng: random.Random) -> list[bytes]:
     return [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
 
 
+def _events(raw: bytes) -> list[Any]:
+    out = []
+    for block in raw.decode().split("\n\n"):
+        if block.startswith("data: "):
+            data = block.removeprefix("data: ")
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def _without_content(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {k: _without_content(v) for k, v in doc.items() if k != "content"}
+    if isinstance(doc, list):
+        return [_without_content(v) for v in doc]
+    return doc
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_sse_stream_arrives_byte_identical_across_odd_chunking(
+def test_sse_stream_arrives_event_for_event_across_odd_chunking(
     client: httpx.Client, openai_up: ScriptedUpstream, seed: int
 ) -> None:
     deltas: list[dict[str, Any]] = [
@@ -44,8 +61,14 @@ def test_sse_stream_arrives_byte_identical_across_odd_chunking(
     with client.stream("POST", "/v1/chat/completions", json=CHAT) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
-        got = b"".join(r.iter_raw())
-    assert got == raw
+        got = _events(b"".join(r.iter_raw()))
+    sent = _events(raw)
+    # The PII filter re-cuts content between events (it holds back what could grow into PII),
+    # but the client gets the same events, in order, with the same text.
+    assert [_without_content(e) for e in got] == [_without_content(e) for e in sent]
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in got[:-1] if e["choices"]) == (
+        "Héllo wörld 你好"
+    )
 
 
 def test_unreadable_answer_is_refused(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
@@ -82,7 +105,12 @@ def test_kserve_generate_stream_without_done(client: httpx.Client, kserve_up: Sc
     kserve_up.handler = lambda _r: streamed(_split(events, random.Random(7)))
     with client.stream("POST", "/v2/models/echo/generate_stream", json={"text_input": "x"}) as r:
         assert r.status_code == 200
-        assert b"".join(r.iter_raw()) == events
+        got = _events(b"".join(r.iter_raw()))
+    # Same events; the text may be re-cut between them (held back while it could grow into PII).
+    # generate_stream has no end marker: text still held when the body ends goes out in one
+    # more event of the same shape.
+    assert [set(e) for e in got] == [{"model_name", "text_output"}] * len(got) and len(got) in (3, 4)
+    assert "".join(e["text_output"] for e in got) == "a b c"
     assert kserve_up.requests[0].path == "/v2/models/echo/versions/2/generate_stream"
 
 
