@@ -1,0 +1,229 @@
+"""PII through the real gateway: prompts reach the upstream redacted, answers reach the client
+redacted, whole or streamed, OpenAI and KServe (JSON and binary tensors)."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench import pii_synth as synth
+from tests.harness import KEY, ScriptedUpstream, json_answer, registry_for, running, streamed
+
+pytestmark = pytest.mark.dataplane
+
+RNG = random.Random(4)
+ID = synth.cn_id(RNG)
+CARD = synth.card(RNG, "mastercard")
+MOBILE = synth.cn_mobile(RNG)
+POLICY = """
+version: 1
+chain:
+  - filter: principal
+  - filter: protocol
+  - filter: route
+  - filter: pii
+    request: true
+    response: true
+    replacement: entity
+    patterns:
+      - {entity: EMPLOYEE_ID, regex: "EMP-\\\\d{6}", score: 0.9}
+    entities: [CN_RESIDENT_ID, CN_MOBILE, CN_BANK_CARD, CREDIT_CARD, EMAIL_ADDRESS, EMPLOYEE_ID]
+default_action: allow
+rules: []
+"""
+
+
+@pytest.fixture(scope="module")
+def gw(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream]]:
+    tmp = Path(tmp_path_factory.mktemp("pii"))
+    oai = ScriptedUpstream("openai").start()
+    ks = ScriptedUpstream("kserve").start()
+    policy = tmp / "policy.yaml"
+    policy.write_text(POLICY)
+    reg = registry_for(
+        {"v": ("openai", oai.port), "t": ("kserve_v2", ks.port)},
+        {
+            "chat": {"latest": "1", "versions": {"1": {"upstream": "v", "upstream_model": "org/chat"}}},
+            "echo": {"latest": "1", "versions": {"1": {"upstream": "t"}}},
+        },
+    )
+    try:
+        with (
+            running(tmp / "gw", reg, env={"ZTGATE_POLICY_FILE": str(policy)}) as env,
+            httpx.Client(base_url=env.url, headers={"authorization": f"Bearer {KEY}"}, timeout=30) as c,
+        ):
+            yield c, oai, ks
+    finally:
+        oai.stop()
+        ks.stop()
+
+
+@pytest.fixture
+def client(
+    gw: tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream],
+) -> tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream]:
+    for up in gw[1:]:
+        up.requests.clear()
+        up.handler = None
+    return gw
+
+
+Gw = tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream]
+
+
+def test_prompt_reaches_the_upstream_redacted(client: Gw) -> None:
+    c, oai, _ = client
+    oai.handler = lambda _r: json_answer(
+        {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}
+    )
+    prompt = f"我的身份证{ID}，工号EMP-123456，卡 {synth.grouped(CARD)}"
+    r = c.post(
+        "/v1/chat/completions", json={"model": "chat", "messages": [{"role": "user", "content": prompt}]}
+    )
+    assert r.status_code == 200, r.text
+    sent = json.loads(oai.requests[0].body)
+    assert sent["model"] == "org/chat"  # the route's rewrite survives the redaction
+    assert sent["messages"][0]["content"] == "我的身份证<CN_RESIDENT_ID>，工号<EMPLOYEE_ID>，卡 <CREDIT_CARD>"
+    assert ID.encode() not in oai.requests[0].body
+
+
+def test_whole_answer_reaches_the_client_redacted(client: Gw) -> None:
+    c, oai, _ = client
+    answer = f"Sure: the card is {CARD}, mail a@b.example.com, 手机{MOBILE}。"
+    oai.handler = lambda _r: json_answer(
+        {
+            "id": "x",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}
+            ],
+        }
+    )
+    r = c.post(
+        "/v1/chat/completions", json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == (
+        "Sure: the card is <CREDIT_CARD>, mail <EMAIL_ADDRESS>, 手机<CN_MOBILE>。"
+    )
+    assert int(r.headers["content-length"]) == len(r.content)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed: int) -> None:
+    c, oai, _ = client
+    text = f"您的身份证号是{ID}，银行卡{synth.grouped(CARD)}，请拨打{MOBILE}。Thanks!"
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(text)), 12))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    events = [
+        {"id": "s", "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in pieces
+    ]
+    events.append({"id": "s", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    raw = b"".join(b"data: " + json.dumps(e, ensure_ascii=False).encode() + b"\n\n" for e in events)
+    raw += b"data: [DONE]\n\n"
+    byte_cuts = sorted(rng.sample(range(1, len(raw)), 20))
+    chunks = [raw[a:b] for a, b in zip([0, *byte_cuts], [*byte_cuts, len(raw)], strict=True)]
+    oai.handler = lambda _r: streamed(chunks, gap_s=0.002)
+    body = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with c.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        got = b"".join(r.iter_raw())
+    datas = [b[len("data: ") :] for b in got.decode().split("\n\n") if b.startswith("data: ")]
+    assert len(datas) == len(events) + 1 and datas[-1] == "[DONE]"
+    content = "".join(json.loads(d)["choices"][0]["delta"].get("content", "") for d in datas[:-1])
+    assert content == "您的身份证号是<CN_RESIDENT_ID>，银行卡<CREDIT_CARD>，请拨打<CN_MOBILE>。Thanks!"
+    for secret in (ID, CARD[:8], MOBILE):
+        assert secret.encode() not in got
+
+
+def _bytes_tensor(strings: list[str]) -> bytes:
+    return b"".join(struct.pack("<I", len(s.encode())) + s.encode() for s in strings)
+
+
+def _read_tensor(raw: bytes) -> list[str]:
+    out, pos = [], 0
+    while pos < len(raw):
+        (n,) = struct.unpack_from("<I", raw, pos)
+        out.append(raw[pos + 4 : pos + 4 + n].decode())
+        pos += 4 + n
+    return out
+
+
+def test_kserve_binary_tensors_are_redacted_both_ways(client: Gw) -> None:
+    c, _, ks = client
+    out_tensor = _bytes_tensor([f"卡号{CARD}", "nothing here"])
+    ints = struct.pack("<2i", 7, 9)  # a non-text output before it: its bytes must pass untouched
+    out_doc = {
+        "model_name": "echo",
+        "outputs": [
+            {"name": "n", "datatype": "INT32", "shape": [2], "parameters": {"binary_data_size": len(ints)}},
+            {
+                "name": "text",
+                "datatype": "BYTES",
+                "shape": [2],
+                "parameters": {"binary_data_size": len(out_tensor)},
+            },
+        ],
+    }
+    out_json = json.dumps(out_doc).encode()
+
+    def answer(_r: object) -> object:
+        from aiohttp import web
+
+        return web.Response(
+            body=out_json + ints + out_tensor,
+            content_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(len(out_json))},
+        )
+
+    ks.handler = answer
+    in_tensor = _bytes_tensor([f"身份证{ID}"])
+    in_doc = {
+        "inputs": [
+            {
+                "name": "q",
+                "datatype": "BYTES",
+                "shape": [1],
+                "parameters": {"binary_data_size": len(in_tensor)},
+            }
+        ]
+    }
+    in_json = json.dumps(in_doc).encode()
+    r = c.post(
+        "/v2/models/echo/infer",
+        content=in_json + in_tensor,
+        headers={
+            "Inference-Header-Content-Length": str(len(in_json)),
+            "content-type": "application/octet-stream",
+        },
+    )
+    assert r.status_code == 200, r.text
+    # What the upstream got: a consistent binary body with the ID redacted.
+    got = ks.requests[0]
+    n = int(got.headers["inference-header-content-length"])
+    sent_doc = json.loads(got.body[:n])
+    assert _read_tensor(got.body[n:]) == ["身份证<CN_RESIDENT_ID>"]
+    assert sent_doc["inputs"][0]["parameters"]["binary_data_size"] == len(got.body) - n
+    # What the client got: the same, for the answer.
+    n = int(r.headers["inference-header-content-length"])
+    doc = json.loads(r.content[:n])
+    size0 = doc["outputs"][0]["parameters"]["binary_data_size"]
+    assert r.content[n : n + size0] == ints
+    assert _read_tensor(r.content[n + size0 :]) == ["卡号<CREDIT_CARD>", "nothing here"]
+
+
+def test_kserve_json_generate_is_redacted(client: Gw) -> None:
+    c, _, ks = client
+    ks.handler = lambda _r: json_answer({"model_name": "echo", "text_output": f"call {MOBILE}"})
+    r = c.post("/v2/models/echo/generate", json={"text_input": f"id {ID}", "parameters": {"max_tokens": 3}})
+    assert r.status_code == 200
+    assert r.json()["text_output"] == "call <CN_MOBILE>"
+    assert json.loads(ks.requests[0].body)["text_input"] == "id <CN_RESIDENT_ID>"
