@@ -108,7 +108,7 @@ class PiiParams(BaseModel):
         return self
 
 
-def _hash_key(path: Path) -> bytes:
+def hash_key(path: Path) -> bytes:
     """The replacement-hash key: made once (0600) and shared by every worker and restart."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -177,9 +177,19 @@ class PiiRedactor(BaseFilter):
         if not self.request or p is None or not isinstance(p.document, dict):
             return CONTINUE
         st = self._state(ctx)
+        size = sum(len(s.text) for s in p.segments)
+        # Most prompts hold no PII: find that out on the extracted text before copying anything.
+        findings = await self._run(
+            size, lambda: [s for seg in p.segments for s in self.engine.analyze(seg.text)]
+        )
+        if not findings:
+            return CONTINUE
+        if self.monitor:
+            for s in findings:
+                st.found["request", s.entity] += 1
+            return CONTINUE
         fix = self._fixer(st, "request")
         doc = json.loads(_dumps(p.document))  # a private copy: nothing is changed unless all succeeds
-        size = sum(len(s.text) for s in p.segments)
 
         def work() -> tuple[bytes, str | None] | None:
             if p.protocol is Protocol.OPENAI:
@@ -199,7 +209,7 @@ class PiiRedactor(BaseFilter):
             return (_dumps(doc), None) if changed else None
 
         result = await self._run(size, work)
-        if result is None or self.monitor or not any(k == "request" for k, _ in st.found):
+        if result is None or not any(k == "request" for k, _ in st.found):
             return CONTINUE
         new_body, header_length = result
         p.document = doc
@@ -342,7 +352,7 @@ def _build(env: BuildEnv, params: PiiParams) -> PiiRedactor:
     engine = env.engine(f"pii:{key}", make)
     mode = Replacement(params.replacement)
     secret = (
-        _hash_key(env.settings.pii_key_file or env.settings.state_dir / "pii-hash.key")
+        hash_key(env.settings.pii_key_file or env.settings.state_dir / "pii-hash.key")
         if mode is Replacement.HASH
         else b""
     )

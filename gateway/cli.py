@@ -123,6 +123,80 @@ def _policy_test(args: argparse.Namespace) -> int:
     return policy_tests.run(Path(args.dir), _policy_env())
 
 
+def _cli_replacer(mode: str) -> Any:
+    from classifiers.pii.engine import Replacement, replacer
+    from filters.pii import hash_key
+    from gateway.settings import Settings
+
+    s = Settings.from_env()
+    key = hash_key(s.pii_key_file or s.state_dir / "pii-hash.key") if mode == "hash" else b""
+    return replacer(Replacement(mode), key)
+
+
+def _redact_engine(args: argparse.Namespace) -> tuple[Any, Any] | str:
+    """The engine and replacer to use: --entities, or the policy's pii filter."""
+    from classifiers.pii.engine import PiiEngine
+
+    if args.entities:
+        try:
+            engine = PiiEngine([e.strip() for e in args.entities.split(",") if e.strip()], args.threshold)
+        except ValueError as exc:
+            return str(exc)
+        return engine, _cli_replacer(args.replacement or "entity")
+    from filters.pii import PiiRedactor
+    from gateway import policy
+    from gateway.config_yaml import ConfigError
+
+    try:
+        p = policy.load(Path(args.policy), _policy_env())
+    except ConfigError as exc:
+        return str(exc)
+    found = [f for f in p.chain.filters if isinstance(f, PiiRedactor)]
+    if not found:
+        return f"{args.policy}: the policy has no pii filter; name entities with --entities"
+    rep = _cli_replacer(args.replacement) if args.replacement else found[0].replace
+    return found[0].engine, rep
+
+
+def _text_of(line: str) -> str | None:
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    text = doc.get("text") if isinstance(doc, dict) else None
+    return text if isinstance(text, str) else None
+
+
+def _redact(args: argparse.Namespace) -> int:
+    got = _redact_engine(args)
+    if isinstance(got, str):
+        print(got, file=sys.stderr)
+        return 2
+    engine, rep = got
+    bad = 0
+    src = sys.stdin if args.file in (None, "-") else open(args.file, encoding="utf-8")  # noqa: SIM115
+    with src:
+        for n, line in enumerate(src, 1):
+            if not line.strip():
+                continue
+            text = _text_of(line)
+            if text is None:
+                # One output line per input line, in order: a bad line says so in its place.
+                bad += 1
+                out: dict[str, Any] = {"error": f'line {n}: expected a JSON object with a string "text"'}
+                print(out["error"], file=sys.stderr)
+            else:
+                redacted, spans = engine.redact(text, rep)
+                out = {
+                    "text": redacted,
+                    "spans": [
+                        {"start": s.start, "end": s.end, "entity": s.entity, "score": s.score} for s in spans
+                    ],
+                }
+            sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     p = argparse.ArgumentParser(prog="ztgate", description="Zero-trust gateway for self-hosted LLMs")
@@ -173,6 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=_policy_test)
     s = pol.add_parser("schema", help="print the policy JSON Schema")
     s.set_defaults(fn=_policy_schema)
+    s = sub.add_parser(
+        "redact",
+        help="redact JSONL {text} lines (file or stdin): one {text, spans} line out per line in",
+    )
+    s.add_argument("file", nargs="?", help="JSONL input (default: stdin)")
+    s.add_argument("--policy", default="policies/default.yaml", help="use this policy's pii settings")
+    s.add_argument("--entities", help="comma-separated entities instead of the policy's")
+    s.add_argument("--threshold", type=float, default=0.5, help="score threshold with --entities")
+    s.add_argument("--replacement", choices=["mask", "entity", "hash"], help="override the replacement")
+    s.set_defaults(fn=_redact)
     args = p.parse_args(argv)
     code: int = args.fn(args)
     return code

@@ -78,6 +78,11 @@ def replacer(mode: Replacement, key: bytes = b"") -> Replacer:
     return hashed
 
 
+# Chinese clause punctuation stays as it is: NFKC would make `，` a comma, and `1380013800，2`
+# would read as one number with a thousands separator.
+_CJK_PUNCTUATION = frozenset("，。：；、．")
+
+
 def normalize(text: str) -> tuple[str, list[int] | None]:
     """NFKC-normalize per character; with the original index of every normalized character
     (plus one past the end), or None when nothing changed."""
@@ -86,12 +91,17 @@ def normalize(text: str) -> tuple[str, list[int] | None]:
     out: list[str] = []
     back: list[int] = []
     for i, ch in enumerate(text):
-        n = unicodedata.normalize("NFKC", ch) if not ch.isascii() else ch
+        n = unicodedata.normalize("NFKC", ch) if not ch.isascii() and ch not in _CJK_PUNCTUATION else ch
         out.append(n)
         back += [i] * len(n)
     back.append(len(text))
     return "".join(out), back
 
+
+# What `replacer` writes. Recognizers see a placeholder as a run of letters, i.e. as the entity
+# characters it replaced, so the text around it reads as before: `…0002(415) 555-2671` is no
+# phone number before the ID is replaced, nor after (redaction stays idempotent).
+_PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*(?::[0-9a-f]{10})?>|\[REDACTED\]")
 
 # Every built-in entity contains a digit, an '@' (e-mail) or a ':' (IPv6): text without any
 # of them skips analysis altogether, which is most streamed prose.
@@ -135,9 +145,16 @@ class PiiEngine:
         norm, back = normalize(text)
         if self._prefilter is not None and not self._prefilter.search(norm):
             return []
+        held: list[tuple[int, int]] = []
+        if "<" in norm or "[" in norm:
+            held = [m.span() for m in _PLACEHOLDER.finditer(norm)]
+            for a, b in held:
+                norm = norm[:a] + "z" * (b - a) + norm[b:]
         results = self._analyzer.analyze(
             norm, language="en", entities=list(self.entities), score_threshold=self.threshold
         )
+        if held:
+            results = [r for r in results if not any(r.start < b and a < r.end for a, b in held)]
         # The best finding wins an overlap: higher score, then entity priority, then longer.
         ranked = sorted(
             results,

@@ -17,7 +17,11 @@ from classifiers.pii.engine import PiiEngine, Replacer, Span, apply, normalize
 from classifiers.pii.recognizers import CONTEXT_WINDOW, MAX_ENTITY_CHARS
 
 # Characters an entity can be made of (after NFKC), and the gaps allowed between digit groups.
-_ENTITY_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ@._%+-:()/#")
+_ENTITY_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ@._%+-:()/#_")
+# An unbroken run of such characters (a hash, base64, a long number) is held until it ends, up
+# to this many characters; past that it is released in parts, and an entity that only a later
+# replacement next to it would expose can then slip out (documented in docs/pii.md).
+HOLD_LIMIT = 1024
 _GAPS = frozenset(" \u00a0\u3000")
 # Released characters kept as context for the next release: look-behinds and context words.
 _TAIL = CONTEXT_WINDOW + 16
@@ -49,8 +53,7 @@ def safe_cut(text: str) -> int:
         if k == j or not _has_digit(text[k:j]) or len(text) - k > MAX_ENTITY_CHARS:
             break
         i = k
-    # Nothing that started more than an entity's length ago can still grow into one.
-    return max(i, len(text) - MAX_ENTITY_CHARS)
+    return max(i, len(text) - HOLD_LIMIT)
 
 
 @dataclass(slots=True)
@@ -91,6 +94,29 @@ class StreamRedactor:
         st = self.streams.get(key)
         return len(st.pending) if st else 0
 
+    def _render(self, text: str, ctx: int, stop: int, spans: list[Span]) -> tuple[str, list[Span], list[int]]:
+        """The released part `text[ctx:stop]` with its findings replaced; the findings; and for
+        each character of the result, the index in `text` it came from (replacements map to the
+        start of what they replace)."""
+        mine = [
+            Span(max(s.start, ctx), s.end, s.entity, s.score)
+            for s in spans
+            if s.end > ctx and s.start < stop and s.end <= stop
+        ]
+        out: list[str] = []
+        origin: list[int] = []
+        pos = ctx
+        for sp in mine:
+            out.append(text[pos : sp.start])
+            origin += range(pos, sp.start)
+            rep = self.replace(sp, text[sp.start : sp.end])
+            out.append(rep)
+            origin += [sp.start] * len(rep)
+            pos = sp.end
+        out.append(text[pos:stop])
+        origin += range(pos, stop)
+        return "".join(out), mine, origin
+
     def _release(self, key: Hashable, st: _Stream, cut: int, *, final: bool) -> str:
         ctx = st.tail
         text = ctx + st.pending
@@ -101,20 +127,31 @@ class StreamRedactor:
             for s in spans:
                 if s.start < stop < s.end:
                     stop = s.start if s.start > len(ctx) else s.end
+        out, mine, origin = self._render(text, len(ctx), stop, spans)
+        while not final and (spans or st.tail_out != st.tail):
+            # A replacement can expose a neighbour that was no entity before (its boundary was a
+            # digit, now it is a placeholder). Never cut inside such a neighbour either.
+            seen = st.tail_out + out
+            # Look ahead at the rest as it would read once redacted too.
+            look = seen + self._render(text, stop, len(text), spans)[0]
+            crossing = [
+                s for s in self.engine.analyze(look) if len(st.tail_out) <= s.start < len(seen) < s.end
+            ]
+            if not crossing:
+                break
+            new_stop = origin[crossing[0].start - len(st.tail_out)]
+            if not len(ctx) <= new_stop < stop:
+                break
+            stop = new_stop
+            out, mine, origin = self._render(text, len(ctx), stop, spans)
         released = text[len(ctx) : stop]
         if not released:
             return ""
-        mine = [
-            Span(max(s.start, len(ctx)), s.end, s.entity, s.score)
-            for s in spans
-            if s.start < stop and s.end <= stop
-        ]
         base = self._offsets.get(key, 0)
         self.found += [
             Span(base + s.start - len(ctx), base + s.end - len(ctx), s.entity, s.score) for s in mine
         ]
         self._offsets[key] = base + len(released)
-        out = apply(text[:stop], mine, self.replace)[len(ctx) :] if mine else released
         if mine or st.tail_out != st.tail:
             # As in PiiEngine.redact: a replacement (here or just before) can expose a neighbour.
             for _ in range(3):

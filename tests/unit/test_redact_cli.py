@@ -1,0 +1,57 @@
+"""`ztgate redact`: JSONL in, one {text, spans} line out per line in, offsets into the original."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import pii_synth as synth
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(stdin: str, *args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "redact", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"ZTGATE_STATE_DIR": str(tmp), "PATH": "/usr/bin:/bin"},
+        check=False,
+        timeout=120,
+    )
+
+
+def test_lines_in_order_with_spans_into_the_original(tmp_path: Path) -> None:
+    import random
+
+    rid = synth.cn_id(random.Random(1))
+    texts = [f"身份证{rid}，邮箱a.b@example.com", "没有敏感信息", f"card {synth.grouped('4111111111111111')}"]
+    stdin = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
+    r = _run(stdin, tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["text"] for row in rows] == [
+        "身份证<CN_RESIDENT_ID>，邮箱<EMAIL_ADDRESS>",
+        "没有敏感信息",
+        "card <CREDIT_CARD>",
+    ]
+    for text, row in zip(texts, rows, strict=True):
+        for span in row["spans"]:
+            assert set(span) == {"start", "end", "entity", "score"}
+            assert 0 <= span["start"] < span["end"] <= len(text)
+    assert [texts[0][s["start"] : s["end"]] for s in rows[0]["spans"]] == [rid, "a.b@example.com"]
+
+
+def test_entities_option_and_bad_lines(tmp_path: Path) -> None:
+    stdin = '{"text": "a@b.co 13800138000"}\nnot json\n{"text": 5}\n'
+    r = _run(stdin, "--entities", "CN_MOBILE", "--replacement", "mask", tmp=tmp_path)
+    assert r.returncode == 1
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rows[0]["text"] == "a@b.co [REDACTED]"
+    assert rows[1]["error"].startswith("line 2:") and rows[2]["error"].startswith("line 3:")
+    r = _run("", "--entities", "NOPE", tmp=tmp_path)
+    assert r.returncode == 2 and "unknown entities" in r.stderr
