@@ -1,7 +1,8 @@
 """Recall and precision of the PII engine, per entity: `python -m bench.pii_eval`.
 
 Sets: `../shared/datasets/pii/dev.jsonl` (English, presidio-research; only the entities ztgate
-detects are scored), a generated Chinese set (bench.pii_synth, real check digits), and
+detects are scored), generated English and Chinese sets (bench.pii_synth, real check digits,
+cards of every scheme and length), and
 generated number-heavy near misses (every finding there is a false positive). A finding counts
 when it overlaps a labelled span of the same entity; exact-boundary counts are printed too.
 """
@@ -13,8 +14,9 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
-from bench.pii_synth import Labelled, chinese_set, near_misses
+from bench.pii_synth import Labelled, chinese_set, english_set, near_misses
 from classifiers.pii.engine import PiiEngine
 
 # presidio-research names → the analyzer's; entities ztgate does not detect are left out.
@@ -41,7 +43,7 @@ def load_dev(path: Path) -> list[Labelled]:
     return out
 
 
-def score(engine: PiiEngine, rows: list[Labelled], *, show: int = 0) -> dict[str, dict[str, float]]:
+def score(engine: Any, rows: list[Labelled], *, show: int = 0) -> dict[str, dict[str, float]]:
     """Per entity: support, recall, precision (overlap match), exact-boundary recall."""
     tp: Counter[str] = Counter()
     exact: Counter[str] = Counter()
@@ -49,7 +51,7 @@ def score(engine: PiiEngine, rows: list[Labelled], *, show: int = 0) -> dict[str
     fp: Counter[str] = Counter()
     shown = 0
     for row in rows:
-        found = engine.analyze(row.text)
+        found = [_Found(f) for f in engine.analyze(row.text)]
         for s, e, ent in row.spans:
             hit = [f for f in found if f.entity == ent and f.start < e and s < f.end]
             if hit:
@@ -89,18 +91,61 @@ def _print(title: str, table: dict[str, dict[str, float]]) -> None:
         )
 
 
+class _Found:
+    """A finding from either engine: start, end, entity."""
+
+    def __init__(self, f: Any) -> None:
+        self.start, self.end = f.start, f.end
+        self.entity = getattr(f, "entity", None) or f.entity_type
+
+
+class _Stock:
+    """presidio's own pattern recognizers (the stock ones ztgate replaces), for comparison."""
+
+    def __init__(self) -> None:
+        from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
+        from presidio_analyzer.nlp_engine import NoOpNlpEngine
+        from presidio_analyzer.predefined_recognizers import (
+            CreditCardRecognizer,
+            EmailRecognizer,
+            IbanRecognizer,
+            IpRecognizer,
+            PhoneRecognizer,
+            UsSsnRecognizer,
+        )
+
+        recs = [
+            CreditCardRecognizer(),
+            EmailRecognizer(),
+            IbanRecognizer(),
+            IpRecognizer(),
+            UsSsnRecognizer(),
+            PhoneRecognizer(),
+        ]
+        self._a = AnalyzerEngine(
+            registry=RecognizerRegistry(recognizers=recs),
+            nlp_engine=NoOpNlpEngine(models=[{"lang_code": "en", "model_name": "none"}]),
+        )
+
+    def analyze(self, text: str) -> list[Any]:
+        return list(self._a.analyze(text, language="en", score_threshold=0.5))
+
+
 def main() -> None:
     """Print the tables for docs/pii.md."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dev", type=Path, default=DEV)
     ap.add_argument("--n", type=int, default=3000, help="generated rows per synthetic set")
     ap.add_argument("--show", type=int, default=0, help="print this many misses / false alarms per set")
+    ap.add_argument("--stock", action="store_true", help="score presidio's stock recognizers instead")
     args = ap.parse_args()
-    engine = PiiEngine()
-    engine.warm()
+    engine: Any = _Stock() if args.stock else PiiEngine()
+    if not args.stock:
+        engine.warm()
     t0 = time.perf_counter()
     dev = load_dev(args.dev)
     _print(f"English dev ({args.dev.name}, {len(dev)} rows)", score(engine, dev, show=args.show))
+    _print(f"English generated ({args.n} rows)", score(engine, english_set(args.n), show=args.show))
     _print(f"Chinese generated ({args.n} rows)", score(engine, chinese_set(args.n), show=args.show))
     misses = [Labelled(t, ()) for t in near_misses(args.n)]
     table = score(engine, misses, show=args.show)

@@ -179,6 +179,44 @@ def chinese_set(n: int, seed: int = 7) -> list[Labelled]:
     return out
 
 
+_EN_TEMPLATES = (
+    ("Please charge my card {v} for the renewal.", "CREDIT_CARD"),
+    ("Card number: {v}, expiry 04/29.", "CREDIT_CARD"),
+    ("I paid with {v} yesterday", "CREDIT_CARD"),
+    ("Send the invoice to {v} please.", "EMAIL_ADDRESS"),
+    ("Wire it to IBAN {v} by Friday.", "IBAN_CODE"),
+    ("The login came from {v} at night.", "IP_ADDRESS"),
+    ("My SSN is {v}.", "US_SSN"),
+)
+
+
+def _en_value(entity: str, rng: random.Random) -> str:
+    if entity == "CREDIT_CARD":
+        number = card(rng)
+        return rng.choice((number, grouped(number), grouped(number, "-")))
+    if entity == "EMAIL_ADDRESS":
+        return email(rng)
+    if entity == "IBAN_CODE":
+        v = iban(rng)
+        return v if rng.random() < 0.5 else " ".join(v[i : i + 4] for i in range(0, len(v), 4))
+    if entity == "IP_ADDRESS":
+        return ipv4(rng) if rng.random() < 0.7 else ipv6(rng)
+    return ssn(rng)
+
+
+def english_set(n: int, seed: int = 13) -> list[Labelled]:
+    """English sentences with one entity each: cards of every scheme and length (plain, grouped
+    by spaces or dashes), e-mail, IBAN (plain or grouped), IPv4/IPv6, SSN."""
+    rng = random.Random(seed)
+    out: list[Labelled] = []
+    for _ in range(n):
+        template, entity = rng.choice(_EN_TEMPLATES)
+        value = _en_value(entity, rng)
+        start = template.index("{v}")
+        out.append(Labelled(template.format(v=value), ((start, start + len(value), entity),)))
+    return out
+
+
 def near_misses(n: int, seed: int = 11) -> list[str]:
     """Number-heavy text that holds no PII: a detector should find nothing here."""
     rng = random.Random(seed)

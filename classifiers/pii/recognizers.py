@@ -73,8 +73,23 @@ _PHONE_WORDS = (
     "手机", "电话", "联系", "致电", "拨打", "来电", "微信", "号码", "热线",
     "phone", "mobile", "tel", "call", "contact", "cell", "fax", "whatsapp", "text me", "reach", "answering",
 )  # fmt: skip
+_CN_CARD_WORDS = (
+    "银行卡",
+    "卡号",
+    "账号",
+    "帐号",
+    "储蓄卡",
+    "借记卡",
+    "信用卡",
+    "银联",
+    "开户",
+    "转账",
+    "收款",
+    "付款",
+    "刷卡",
+)
 _CARD_WORDS = (
-    "银行卡", "卡号", "账号", "帐号", "储蓄卡", "借记卡", "信用卡", "银联", "开户", "转账", "收款", "付款", "刷卡",
+    *_CN_CARD_WORDS,
     "card", "account", "debit", "credit", "visa", "mastercard", "amex", "unionpay", "payment", "pay with",
 )  # fmt: skip
 _SSN_WORDS = ("ssn", "social security", "社会安全号", "taxpayer")
@@ -234,8 +249,10 @@ class CardRecognizer(ZtRecognizer):
             else:
                 score = 0.85
             entity = CREDIT_CARD
+            # A UnionPay card in Chinese text is a Chinese bank card; in English text, a credit card.
             if brand == "unionpay" and (
-                _HAN.search(text, max(0, m.start() - CONTEXT_WINDOW), m.start()) or ctx > 0
+                _HAN.search(text, max(0, m.start() - CONTEXT_WINDOW), m.start())
+                or context(text, m.start(), _CN_CARD_WORDS) > 0
             ):
                 entity = CN_BANK_CARD
             yield Finding(m.start(), m.end(), entity, score)
@@ -270,7 +287,8 @@ class IbanRecognizer(ZtRecognizer):
             # A following short word ("… 00 AND") can be swallowed as the last group: retry shorter.
             while value:
                 if iban_ok(value):
-                    yield Finding(m.start(), m.start() + len(value), IBAN_CODE, 0.9)
+                    # Above a card's score: a grouped IBAN holds Luhn-valid digit groups.
+                    yield Finding(m.start(), m.start() + len(value), IBAN_CODE, 0.97)
                     break
                 cut = value.rfind(" ")
                 value = value[:cut] if cut > 4 else ""
