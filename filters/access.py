@@ -1,8 +1,9 @@
-"""Scoped policy rules: allow, deny, flag or review by tenant, group, user, model, route, protocol.
+"""Scoped policy rules: allow, deny, flag, review or redact by tenant, group, user, model, route, protocol.
 
 Runs after `route`, when the caller and the exact model version are known. The most specific
 enforce-mode rule decides (docs/policy.md); monitor-mode rules only record what they would have
-done. `flag` and `review` let the request through and leave a verdict for the risk filter.
+done. `flag` and `review` let the request through and leave a verdict for the risk filter;
+`redact` tells the pii filter to redact this request's prompt and answer.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class Access(BaseFilter):
             )
         if out.action in (Action.FLAG, Action.REVIEW):
             ctx.verdicts += [Verdict(self.name, "decide", out.action.value, 0.0, name) for name in out.marks]
+        if out.redact:
+            ctx.redact_rules = out.redact
+            ctx.verdicts += [Verdict(self.name, "decide", "redact", 0.0, name) for name in out.redact]
         return CONTINUE
 
 

@@ -101,6 +101,8 @@ class RequestContext:
     verdicts: list[Verdict] = field(default_factory=list)
     # The policy this request captured at its start (gateway.policy.CompiledPolicy): one per request.
     policy: CompiledPolicy | None = None
+    # Set by `access`: the policy's `redact` rules that match this request (PII on both sides).
+    redact_rules: tuple[str, ...] = ()
     # Per-filter private state for this request, keyed by filter name; gone with the request.
     state: dict[str, object] = field(default_factory=dict)
 

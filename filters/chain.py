@@ -128,8 +128,17 @@ def build_with_params(entries: Sequence[tuple[str, dict[str, Any]]], env: BuildE
                     )
                     problems.append((i, key, f"unknown parameter {key!r} for {name}", hint))
                 else:
+                    from gateway.config_yaml import hint_for
+
+                    # The full path locates nested mistakes (patterns.0.regex), not just the key.
+                    dotted = ".".join(str(p) for p in err["loc"]) or None
                     problems.append(
-                        (i, key, f"{name}.{key}: {err['msg'].rstrip('.')} (got {err.get('input')!r})", "")
+                        (
+                            i,
+                            dotted,
+                            f"{name}.{dotted or '(parameters)'}: {err['msg'].rstrip('.')} (got {err.get('input')!r})",
+                            hint_for(err["type"], err),
+                        )
                     )
             continue
         built = factory(env, params)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import phonenumbers
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from classifiers.pii.engine import CustomPattern, PiiEngine, Replacement, Replacer, replacer
 from classifiers.pii.recognizers import BUILTIN_ENTITIES, MAX_ENTITY_CHARS
@@ -71,6 +71,8 @@ class PiiParams(BaseModel):
     """Parameters of the PII filter."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # Before `entities`, which may name them (pydantic validates fields in this order).
+    patterns: list[PatternSpec] = Field(default_factory=list, description="Custom entities as regexes.")
     entities: list[str] = Field(
         default_factory=lambda: list(BUILTIN_ENTITIES),
         description=f"Entities to redact: built-in ({', '.join(BUILTIN_ENTITIES)}) or a custom pattern's.",
@@ -85,7 +87,6 @@ class PiiParams(BaseModel):
     mode: Literal["enforce", "monitor"] = Field(
         default="enforce", description="monitor: find and record, but change nothing (dry run)."
     )
-    patterns: list[PatternSpec] = Field(default_factory=list, description="Custom entities as regexes.")
     phone_regions: list[str] = Field(
         default_factory=lambda: ["US", "CN"],
         description="Regions whose national phone formats are recognized (ISO 3166 codes).",
@@ -99,13 +100,15 @@ class PiiParams(BaseModel):
             raise ValueError(f"unknown phone regions {bad}")
         return v
 
-    @model_validator(mode="after")
-    def _known_entities(self) -> PiiParams:
-        custom = {p.entity for p in self.patterns}
-        unknown = [e for e in self.entities if e not in BUILTIN_ENTITIES and e not in custom]
+    @field_validator("entities")
+    @classmethod
+    def _known_entities(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        custom = {p.entity for p in info.data.get("patterns", [])}
+        unknown = [e for e in v if e not in BUILTIN_ENTITIES and e not in custom]
         if unknown:
-            raise ValueError(f"unknown entities {unknown}: built-in are {', '.join(BUILTIN_ENTITIES)}")
-        return self
+            known = ", ".join([*BUILTIN_ENTITIES, *sorted(custom)])
+            raise ValueError(f"unknown entities {unknown}: known are {known}")
+        return v
 
 
 def hash_key(path: Path) -> bytes:
@@ -157,12 +160,16 @@ class PiiRedactor(BaseFilter):
             st = ctx.state[self.name] = _State()
         return st
 
-    def _fixer(self, st: _State, side: str) -> Callable[[str], str]:
+    def _shadow(self, ctx: RequestContext) -> bool:
+        # Monitor mode is the filter's default; a matching `redact` rule enforces regardless.
+        return self.monitor and not ctx.redact_rules
+
+    def _fixer(self, st: _State, side: str, *, shadow: bool = False) -> Callable[[str], str]:
         def fix(text: str) -> str:
             out, spans = self.engine.redact(text, self.replace)
             for s in spans:
                 st.found[side, s.entity] += 1
-            return text if self.monitor else out
+            return text if shadow else out
 
         return fix
 
@@ -174,7 +181,8 @@ class PiiRedactor(BaseFilter):
 
     async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
         p = ctx.prompt
-        if not self.request or p is None or not isinstance(p.document, dict):
+        # A policy `redact` rule turns redaction on for this request, whatever the defaults.
+        if not (self.request or ctx.redact_rules) or p is None or not isinstance(p.document, dict):
             return CONTINUE
         st = self._state(ctx)
         size = sum(len(s.text) for s in p.segments)
@@ -184,7 +192,7 @@ class PiiRedactor(BaseFilter):
         )
         if not findings:
             return CONTINUE
-        if self.monitor:
+        if self._shadow(ctx):
             for s in findings:
                 st.found["request", s.entity] += 1
             return CONTINUE
@@ -219,9 +227,11 @@ class PiiRedactor(BaseFilter):
 
     async def on_response_headers(self, ctx: RequestContext) -> Decision:
         status = ctx.response_status or 0
-        if not self.response or not 200 <= status < 300:
+        if not (self.response or ctx.redact_rules) or not 200 <= status < 300:
             return CONTINUE
-        if ctx.response_headers.get("content-type", "").startswith("text/event-stream") and not self.monitor:
+        if ctx.response_headers.get("content-type", "").startswith("text/event-stream") and not self._shadow(
+            ctx
+        ):
             self._state(ctx).stream = StreamRedactor(self.engine, self.replace)
             # Events are rewritten, so the body length changes: it travels chunked.
             return Continue(remove_headers=("content-length",))
@@ -230,16 +240,16 @@ class PiiRedactor(BaseFilter):
     async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
         status = ctx.response_status or 0
         answer, p = ctx.answer, ctx.prompt
-        if not self.response or answer is None or p is None or not 200 <= status < 300:
+        if not (self.response or ctx.redact_rules) or answer is None or p is None or not 200 <= status < 300:
             return CONTINUE
         st = self._state(ctx)
         if st.stream is not None:
             return Continue(
                 body=self._stream_chunk(st, st.stream, p.protocol, p.operation, answer.chunk_events, end=end)
             )
-        if self.monitor and answer.done and end:
+        if self._shadow(ctx) and answer.done and end:
             for i in answer.choices:
-                self._fixer(st, "response")(answer.text(i))
+                self._fixer(st, "response", shadow=True)(answer.text(i))
             return CONTINUE
         if not end or answer.document is None or answer.upstream_error:
             return CONTINUE
@@ -322,7 +332,7 @@ class PiiRedactor(BaseFilter):
         if isinstance(st, _State) and st.found:
             # Types and counts only, never values: this is what the audit record carries.
             detail = ",".join(f"{side}:{entity}={n}" for (side, entity), n in sorted(st.found.items()))
-            action = "monitor" if self.monitor else "redact"
+            action = "monitor" if self._shadow(ctx) else "redact"
             ctx.verdicts.append(Verdict(self.name, "end", action, 0.0, detail))
 
 

@@ -200,10 +200,11 @@ def _problem(model: type[BaseModel], err: Any, marks: Marks, source: str) -> Pro
         return Problem(source, line, col, f"missing key {where!r}", "add it")
     value = err.get("input")
     shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
-    return Problem(source, line, col, f"{where}: {err['msg'].rstrip('.')} (got {shown})", _hint(kind, err))
+    return Problem(source, line, col, f"{where}: {err['msg'].rstrip('.')} (got {shown})", hint_for(kind, err))
 
 
-def _hint(kind: str, err: Any) -> str:
+def hint_for(kind: str, err: Any) -> str:
+    """What would be right, for a pydantic error type (empty when there is nothing useful to say)."""
     ctx = err.get("ctx") or {}
     if kind in ("int_type", "int_parsing"):
         return "write a whole number"

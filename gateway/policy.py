@@ -34,6 +34,7 @@ class Action(StrEnum):
     DENY = "deny"
     FLAG = "flag"
     REVIEW = "review"
+    REDACT = "redact"
 
 
 class Mode(StrEnum):
@@ -73,7 +74,10 @@ class Rule(_Strict):
     description: str = Field(default="", description="Why the rule exists.")
     when: Scope = Field(default_factory=Scope, description="The rule applies when all of these match.")
     unless: Scope | None = Field(default=None, description="…and none of these match.")
-    action: Annotated[Action, Lax] = Field(description="allow, deny, flag (count as a risk event) or review.")
+    action: Annotated[Action, Lax] = Field(
+        description="allow, deny, flag (count as a risk event), review (escalate the user) or redact "
+        "(the pii filter redacts prompts and answers of matching requests, whatever its defaults)."
+    )
     status: Annotated[int, Field(ge=400, le=499)] = Field(default=403, description="HTTP status of a deny.")
     message: str = Field(
         default="this request is not allowed by policy", description="Public text of a deny."
@@ -105,7 +109,7 @@ class PolicySpec(_Strict):
 
 
 _DIMENSIONS = ("user", "group", "tenant", "model", "route", "protocol")
-_STRICTNESS = {Action.DENY: 3, Action.REVIEW: 2, Action.FLAG: 1, Action.ALLOW: 0}
+_STRICTNESS = {Action.DENY: 3, Action.REVIEW: 2, Action.FLAG: 1, Action.ALLOW: 0, Action.REDACT: 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +177,7 @@ class Outcome:
     rule: CompiledRule | None
     shadow: tuple[tuple[str, Action], ...]
     marks: tuple[str, ...] = ()
+    redact: tuple[str, ...] = ()  # matching `redact` rules: PII redaction on both sides
 
 
 @dataclass(frozen=True)
@@ -193,12 +198,15 @@ class CompiledPolicy:
         """
         gate: CompiledRule | None = None
         marks: list[CompiledRule] = []
+        redact: list[str] = []
         shadow: list[tuple[str, Action]] = []
         for r in self.rules:
             if not r.matches(s):
                 continue
             if r.rule.mode is Mode.MONITOR:
                 shadow.append((r.rule.name, r.rule.action))
+            elif r.rule.action is Action.REDACT:
+                redact.append(r.rule.name)
             elif r.rule.action in (Action.FLAG, Action.REVIEW):
                 marks.append(r)
             elif gate is None or (r.specificity, _STRICTNESS[r.rule.action]) > (
@@ -207,10 +215,12 @@ class CompiledPolicy:
             ):
                 gate = r
         base = gate.rule.action if gate else self.spec.default_action
-        if base is Action.DENY or not marks:
+        if base is Action.DENY:
             return Outcome(base, gate, tuple(shadow))
+        if not marks:
+            return Outcome(base, gate, tuple(shadow), redact=tuple(redact))
         top = max(marks, key=lambda r: (_STRICTNESS[r.rule.action], r.specificity))
-        return Outcome(top.rule.action, top, tuple(shadow), tuple(m.rule.name for m in marks))
+        return Outcome(top.rule.action, top, tuple(shadow), tuple(m.rule.name for m in marks), tuple(redact))
 
     def explain(self, s: Subject) -> list[str]:
         """Human-readable: which rules match, in precedence order, and the decision."""
@@ -231,6 +241,8 @@ class CompiledPolicy:
         lines.append(f"decision: {out.action.value} (by {decided})")
         if out.marks:
             lines.append(f"  marked by: {', '.join(out.marks)}")
+        if out.redact:
+            lines.append(f"  PII redacted on both sides by: {', '.join(out.redact)}")
         lines += [f"  monitor: {name} would {action.value}" for name, action in out.shadow]
         return lines
 
@@ -313,10 +325,30 @@ def compile_policy(text: str, source: str, env: BuildEnv) -> CompiledPolicy:
         chain = build_with_params(entries, env)
     except ChainConfigError as exc:
         for index, key, what, hint in exc.items:
-            path: tuple[Any, ...] = ("chain", index, key) if key else ("chain", index, "filter")
+            path: tuple[Any, ...] = ("chain", index, "filter")
+            if key:
+                parts = [int(x) if x.isdigit() else x for x in key.split(".")]
+                path = ("chain", index, *parts)
+                # The nearest located ancestor: a list item's mark, else its key's.
+                while len(path) > 3 and path not in marks:
+                    path = path[:-1]
             if what.startswith("unknown parameter"):
                 path = (*path, "<key>")
             problems.append(at(marks, source, path, what, hint))
+    names = [e.filter for e in spec.chain]
+    for i, r in enumerate(spec.rules):
+        if r.action is Action.REDACT and not (
+            "pii" in names and "access" in names and names.index("access") < names.index("pii")
+        ):
+            problems.append(
+                at(
+                    marks,
+                    source,
+                    ("rules", i, "action"),
+                    "a redact rule needs the pii filter after access in the chain",
+                    "add `- filter: pii` below `- filter: access`",
+                )
+            )
     if problems or chain is None:
         raise ConfigError(problems)
     revision = hashlib.sha256(canonical(spec).encode()).hexdigest()[:12]

@@ -44,6 +44,9 @@ class Expect(_Strict):
     rule: str | None = Field(
         default=None, description="The deciding rule (omit: not checked; `default`: none)."
     )
+    redact: bool | None = Field(
+        default=None, description="Whether a `redact` rule applies (omit: not checked)."
+    )
 
 
 class Case(_Strict):
@@ -80,7 +83,11 @@ def run(directory: Path, env: Any) -> int:
             r = case.request
             out = pol.decide(policy.Subject(r.tenant, tuple(r.groups), r.user, r.model, r.path, r.protocol))
             rule = out.rule.rule.name if out.rule else "default"
-            ok = out.action.value == case.expect.decision and case.expect.rule in (None, rule)
+            ok = (
+                out.action.value == case.expect.decision
+                and case.expect.rule in (None, rule)
+                and case.expect.redact in (None, bool(out.redact))
+            )
             if ok:
                 passed += 1
                 print(f"PASS {f.name}: {case.name}")
@@ -91,6 +98,7 @@ def run(directory: Path, env: Any) -> int:
                     f"FAIL {where.source}:{where.line}:{where.column}: {case.name}: expected "
                     f"{case.expect.decision}{f' by {case.expect.rule}' if case.expect.rule else ''}, "
                     f"got {out.action.value} by {rule}"
+                    + (f", redact {bool(out.redact)}" if case.expect.redact is not None else "")
                 )
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -215,3 +215,22 @@ async def test_monitor_mode_finds_but_changes_nothing() -> None:
     assert [v.detail for v in ctx.verdicts if v.filter == "pii" and v.phase == "end"] == [
         "request:CN_MOBILE=1"
     ]
+
+
+async def test_a_redact_rule_turns_redaction_on_for_its_requests() -> None:
+    # The filter's defaults: answers only, and in shadow mode. A matching `redact` rule
+    # (set on the context by `access`) makes it redact this request's prompt for real.
+    chain = _chain(mode="monitor", request=False)
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "我的手机13800138000"}]}
+    ).encode()
+    plain = _ctx()
+    await chain.request_headers(plain)
+    d = await chain.request_body(plain, body)
+    assert isinstance(d, Continue) and d.body is None
+    ruled = _ctx()
+    ruled.redact_rules = ("contractors-get-redacted",)
+    await chain.request_headers(ruled)
+    d = await chain.request_body(ruled, body)
+    assert isinstance(d, Continue) and d.body is not None
+    assert json.loads(d.body)["messages"][0]["content"] == "我的手机<CN_MOBILE>"

@@ -69,7 +69,7 @@ def test_committed_json_schema_is_current() -> None:
         (
             "    max_body_bytes: 1000",
             "    max_body_bytes: big",
-            "p.yaml:5:21: protocol.max_body_bytes: Input should be a valid integer (got 'big')",
+            "p.yaml:5:21: protocol.max_body_bytes: Input should be a valid integer (got 'big'): write a whole number",
         ),
         (
             "  - filter: access\n",
@@ -84,8 +84,8 @@ def test_committed_json_schema_is_current() -> None:
         (
             "    action: deny",
             "    action: block",
-            "p.yaml:14:13: rules.0.action: Input should be 'allow', 'deny', 'flag' or 'review' (got 'block'): "
-            "use one of: 'allow', 'deny', 'flag' or 'review'",
+            "p.yaml:14:13: rules.0.action: Input should be 'allow', 'deny', 'flag', 'review' or 'redact' (got 'block'): "
+            "use one of: 'allow', 'deny', 'flag', 'review' or 'redact'",
         ),
         (
             "    when: {tenant: [bank]}",
@@ -121,6 +121,35 @@ def test_committed_json_schema_is_current() -> None:
             "  - filter: route\n  - filter: access\n",
             "  - filter: access\n  - filter: route\n",
             "p.yaml:6:13: filter 'access' needs 'route' earlier in the chain: list route above access",
+        ),
+        (
+            "    action: deny",
+            "    action: redact",
+            "p.yaml:14:13: a redact rule needs the pii filter after access in the chain: "
+            "add `- filter: pii` below `- filter: access`",
+        ),
+        (
+            "  - filter: access\n",
+            "  - filter: access\n  - filter: pii\n    threshhold: 0.4\n",
+            "p.yaml:9:5: unknown parameter 'threshhold' for pii: did you mean 'threshold'?",
+        ),
+        (
+            "  - filter: access\n",
+            "  - filter: access\n  - filter: pii\n    threshold: 1.5\n",
+            "p.yaml:9:16: pii.threshold: Input should be less than or equal to 1 (got 1.5): use a value in range",
+        ),
+        (
+            "  - filter: access\n",
+            '  - filter: access\n  - filter: pii\n    patterns: [{entity: EMP_ID, regex: "EMP-(\\\\d"}]\n',
+            "p.yaml:9:40: pii.patterns.0.regex: Value error, regex does not compile: missing ), unterminated "
+            "subpattern at position 4 (got 'EMP-(\\\\d')",
+        ),
+        (
+            "  - filter: access\n",
+            "  - filter: access\n  - filter: pii\n    entities: [CN_MOBILE, PASSPORT]\n",
+            "p.yaml:9:15: pii.entities: Value error, unknown entities ['PASSPORT']: known are CN_RESIDENT_ID, "
+            "CN_BANK_CARD, CREDIT_CARD, CN_MOBILE, IBAN_CODE, US_SSN, EMAIL_ADDRESS, IP_ADDRESS, PHONE_NUMBER "
+            "(got ['CN_MOBILE', 'PASSPORT'])",
         ),
     ],
 )
@@ -212,6 +241,28 @@ rules:
     assert decide("ann", "secret@1") == ("deny", "model-deny", ("shadow",))
     assert decide("root", "secret@1") == ("flag", "count", ("shadow",))
     assert p.decide(policy.Subject("other", (), "x", "open@1", "/", "openai")).action.value == "deny"
+
+
+def test_redact_rules_add_up_and_never_open_a_deny() -> None:
+    text = """\
+version: 1
+chain: [{filter: principal}, {filter: protocol}, {filter: route}, {filter: access}, {filter: pii}]
+default_action: allow
+rules:
+  - {name: no-secret, when: {model: ["secret@*"]}, action: deny}
+  - {name: redact-acme, when: {tenant: [acme]}, action: redact}
+  - {name: redact-shadow, when: {tenant: [acme]}, action: redact, mode: monitor}
+"""
+    p = policy.compile_policy(text, "p.yaml", ENV)
+    out = p.decide(policy.Subject("acme", (), "ann", "open@1", "/v1/chat/completions", "openai"))
+    assert (out.action.value, out.redact, out.shadow) == (
+        "allow",
+        ("redact-acme",),
+        (("redact-shadow", policy.Action.REDACT),),
+    )
+    denied = p.decide(policy.Subject("acme", (), "ann", "secret@1", "/v1/chat/completions", "openai"))
+    assert (denied.action.value, denied.redact) == ("deny", ())
+    assert p.decide(policy.Subject("other", (), "x", "open@1", "/", "openai")).redact == ()
 
 
 @settings(max_examples=60, deadline=None)
