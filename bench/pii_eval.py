@@ -18,6 +18,7 @@ from typing import Any
 
 from bench.pii_synth import Labelled, chinese_set, english_set, near_misses
 from classifiers.pii.engine import PiiEngine
+from classifiers.pii.recognizers import BUILTIN_ENTITIES
 
 # presidio-research names → the analyzer's; entities ztgate does not detect are left out.
 _DEV_NAMES = {
@@ -138,8 +139,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=3000, help="generated rows per synthetic set")
     ap.add_argument("--show", type=int, default=0, help="print this many misses / false alarms per set")
     ap.add_argument("--stock", action="store_true", help="score presidio's stock recognizers instead")
+    ap.add_argument("--names", default="", help="also detect PERSON: en, zh or en,zh (opt-in NER)")
     args = ap.parse_args()
-    engine: Any = _Stock() if args.stock else PiiEngine()
+    names = [n for n in args.names.split(",") if n]
+    if names:
+        _DEV_NAMES["PERSON"] = "PERSON"
+    engine: Any = (
+        _Stock()
+        if args.stock
+        else PiiEngine([*BUILTIN_ENTITIES, "PERSON"] if names else BUILTIN_ENTITIES, names=names)
+    )
     if not args.stock:
         engine.warm()
     t0 = time.perf_counter()

@@ -141,7 +141,12 @@ def build_with_params(entries: Sequence[tuple[str, dict[str, Any]]], env: BuildE
                         )
                     )
             continue
-        built = factory(env, params)
+        try:
+            built = factory(env, params)
+        except (ImportError, OSError, ValueError) as exc:
+            # A missing optional package or model, an unreadable key file: a policy problem.
+            problems.append((i, None, f"filter {name!r} cannot start: {exc}", "see docs for the filter"))
+            continue
         missing = [n for n in built.needs if n not in names[:i]]
         if missing:
             problems.append(

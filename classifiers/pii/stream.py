@@ -10,6 +10,7 @@ never retracted, and a cut never falls inside a detected entity.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -40,20 +41,33 @@ def _has_digit(s: str) -> bool:
     return any(c.isdigit() for c in s)
 
 
-def safe_cut(text: str) -> int:
-    """How much of `text` can be released: everything before what could still grow into PII."""
+def safe_cut(text: str, names: tuple[str, ...] = ()) -> int:
+    """How much of `text` can be released: everything before what could still grow into PII.
+
+    With names on, also the capitalized words before the last one (`John Sm…`) and, for Chinese,
+    the last four Han characters (a name still arriving).
+    """
     i = len(text)
+    if "zh" in names:
+        while i > 0 and len(text) - i < 4 and _HAN.match(text[i - 1]):
+            i -= 1
     while i > 0 and _entity_char(text[i - 1]):
         i -= 1
-    # Walk back over digit groups joined by single gaps: one grouped number may still be arriving.
+    # Walk back over digit groups joined by single gaps: one grouped number may still be arriving
+    # (with English names on, capitalized words too: one name may still be arriving).
     while i > 0 and text[i - 1] in _GAPS:
         k = j = i - 1
         while k > 0 and _entity_char(text[k - 1]):
             k -= 1
-        if k == j or not _has_digit(text[k:j]) or len(text) - k > MAX_ENTITY_CHARS:
+        token = text[k:j]
+        grows = _has_digit(token) or ("en" in names and token[:1].isupper())
+        if k == j or not grows or len(text) - k > MAX_ENTITY_CHARS:
             break
         i = k
     return max(i, len(text) - HOLD_LIMIT)
+
+
+_HAN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 
 @dataclass(slots=True)
@@ -77,7 +91,7 @@ class StreamRedactor:
         """Add `delta` to stream `key`; return what may be released now (possibly "")."""
         st = self.streams.setdefault(key, _Stream())
         st.pending += delta
-        cut = safe_cut(st.pending)
+        cut = safe_cut(st.pending, self.engine.names)
         if cut <= 0:
             return ""
         return self._release(key, st, cut, final=False)

@@ -152,3 +152,30 @@ def test_overlaps_keep_the_best_finding() -> None:
     spans = ENGINE.analyze(f"a {VISA} b a@b.co")
     assert all(isinstance(s, Span) for s in spans)
     assert [s.start for s in spans] == sorted(s.start for s in spans)
+
+
+@pytest.fixture(scope="module")
+def names_engine() -> PiiEngine:
+    return PiiEngine(["EMAIL_ADDRESS", "PERSON"], names=["en", "zh"])
+
+
+def test_names_are_opt_in_and_found_in_both_languages(names_engine: PiiEngine) -> None:
+    text = "Please send the report to John Smith today. 请联系张伟，邮箱a@b.co"
+    found = [(s.entity, text[s.start : s.end]) for s in names_engine.analyze(text)]
+    assert ("PERSON", "John Smith") in found and ("PERSON", "张伟") in found
+    assert ("EMAIL_ADDRESS", "a@b.co") in found
+    assert all(s.entity != "PERSON" for s in ENGINE.analyze(text))  # off by default
+    with pytest.raises(ValueError, match="unknown entities"):
+        PiiEngine(["PERSON"])  # asking for names without turning them on
+
+
+def test_streamed_names_are_held_until_whole(names_engine: PiiEngine) -> None:
+    from classifiers.pii.stream import StreamRedactor
+
+    text = "Please send the report to John Smith and Mary Jones before noon."
+    whole, _ = names_engine.redact(text, replacer(Replacement.ENTITY))
+    for step in (1, 2, 3, 5):
+        red = StreamRedactor(names_engine, replacer(Replacement.ENTITY))
+        out = "".join(red.push(0, text[i : i + step]) for i in range(0, len(text), step)) + red.flush(0)
+        assert "John" not in out and "Smith" not in out and "Jones" not in out, (step, out)
+        assert out == whole
