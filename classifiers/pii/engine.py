@@ -20,7 +20,6 @@ from presidio_analyzer.nlp_engine import NoOpNlpEngine
 
 from classifiers.pii.recognizers import (
     BUILTIN_ENTITIES,
-    IP_ADDRESS,
     PERSON,
     PatternRecognizer,
     PersonRecognizer,
@@ -215,15 +214,3 @@ def apply(text: str, spans: Sequence[Span], replace: Replacer) -> str:
         pos = s.end
     out.append(text[pos:])
     return "".join(out)
-
-
-__all__ = [
-    "IP_ADDRESS",
-    "CustomPattern",
-    "PiiEngine",
-    "Replacement",
-    "Span",
-    "apply",
-    "normalize",
-    "replacer",
-]
