@@ -263,19 +263,31 @@ class PiiRedactor(BaseFilter):
         doc, fix = answer.document, self._fixer(st, "response")
         size = sum(len(answer.text(i)) for i in answer.choices)
 
-        def work() -> tuple[bytes, str | None]:
+        changed: list[bool] = []
+
+        def fix_and_note(text: str) -> str:
+            new = fix(text)
+            if new != text:
+                changed.append(True)
+            return new
+
+        def work() -> tuple[bytes, str | None] | None:
             if p.protocol is Protocol.OPENAI:
                 slots = _openai.answer_slots(p.operation, doc, "message")
             elif p.operation == _kserve.INFER:
-                binary = _kserve.rewrite_tensors(doc.get("outputs"), answer.binary, fix)
-                return _kserve.body_with_binary(doc, binary)
+                binary = _kserve.rewrite_tensors(doc.get("outputs"), answer.binary, fix_and_note)
+                return _kserve.body_with_binary(doc, binary) if changed else None
             else:
                 slots = _kserve.generate_slots(doc)
             for slot in slots:
-                slot.set(fix(slot.get()))
-            return _dumps(doc), None
+                slot.set(fix_and_note(slot.get()))
+            # Most answers hold no PII: then the upstream's bytes go on untouched.
+            return (_dumps(doc), None) if changed else None
 
-        body, header_length = await self._run(size, work)
+        result = await self._run(size, work)
+        if result is None:
+            return CONTINUE
+        body, header_length = result
         headers = ((_kserve.HEADER_LENGTH, header_length),) if header_length else ()
         return Continue(set_headers=headers, body=body)
 
