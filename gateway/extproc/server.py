@@ -254,7 +254,12 @@ class ExtProcServer:
             tenant=ctx.principal.tenant if ctx.principal else None,
             model=f"{route.model}@{route.version}" if route else None,
             policy=chain.revision,
-            verdicts=[f"{v.filter}:{v.phase}:{v.action}" for v in ctx.verdicts if v.action != "continue"],
+            # Details are rule names and entity counts, never request text.
+            verdicts=[
+                f"{v.filter}:{v.phase}:{v.action}" + (f":{v.detail}" if v.detail else "")
+                for v in ctx.verdicts
+                if v.action != "continue"
+            ],
             chain_ms=round(sum(v.elapsed_s for v in ctx.verdicts) * 1000, 3),
             duration_ms=round((time.perf_counter() - ctx.started) * 1000, 3),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from bench import pii_synth as synth
-from tests.harness import KEY, ScriptedUpstream, json_answer, registry_for, running, streamed
+from tests.harness import KEY, GatewayEnv, ScriptedUpstream, json_answer, registry_for, running, streamed
 
 pytestmark = pytest.mark.dataplane
 
@@ -42,7 +43,7 @@ rules: []
 @pytest.fixture(scope="module")
 def gw(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream]]:
+) -> Iterator[tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream, GatewayEnv]]:
     tmp = Path(tmp_path_factory.mktemp("pii"))
     oai = ScriptedUpstream("openai").start()
     ks = ScriptedUpstream("kserve").start()
@@ -60,7 +61,7 @@ def gw(
             running(tmp / "gw", reg, env={"ZTGATE_POLICY_FILE": str(policy)}) as env,
             httpx.Client(base_url=env.url, headers={"authorization": f"Bearer {KEY}"}, timeout=30) as c,
         ):
-            yield c, oai, ks
+            yield c, oai, ks, env
     finally:
         oai.stop()
         ks.stop()
@@ -68,12 +69,12 @@ def gw(
 
 @pytest.fixture
 def client(
-    gw: tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream],
+    gw: tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream, GatewayEnv],
 ) -> tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream]:
-    for up in gw[1:]:
+    for up in (gw[1], gw[2]):
         up.requests.clear()
         up.handler = None
-    return gw
+    return gw[0], gw[1], gw[2]
 
 
 Gw = tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream]
@@ -227,3 +228,22 @@ def test_kserve_json_generate_is_redacted(client: Gw) -> None:
     assert r.status_code == 200
     assert r.json()["text_output"] == "call <CN_MOBILE>"
     assert json.loads(ks.requests[0].body)["text_input"] == "id <CN_RESIDENT_ID>"
+
+
+def test_the_request_log_names_what_was_redacted_never_the_value(
+    gw: tuple[httpx.Client, ScriptedUpstream, ScriptedUpstream, GatewayEnv],
+) -> None:
+    c, oai, _, env = gw
+    oai.handler = lambda _r: json_answer({"choices": [{"index": 0, "message": {"content": f"id {ID}"}}]})
+    r = c.post(
+        "/v1/chat/completions", json={"model": "chat", "messages": [{"role": "user", "content": MOBILE}]}
+    )
+    assert r.json()["choices"][0]["message"]["content"] == "id <CN_RESIDENT_ID>"
+    rid = r.headers["x-request-id"]
+    deadline = time.monotonic() + 5
+    while rid not in (logs := env.logs(0)):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    line = next(ln for ln in logs.splitlines() if rid in ln and '"event": "request"' in ln)
+    assert "pii:end:redact:request:CN_MOBILE=1,response:CN_RESIDENT_ID=1" in line
+    assert ID not in logs and MOBILE not in logs
