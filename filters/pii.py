@@ -343,7 +343,10 @@ class PiiRedactor(BaseFilter):
             base = like if isinstance(like, dict) else {}
             doc = {k: base[k] for k in ("model_name", "model_version", "id") if k in base}
             for key, text in texts.items():
-                doc[key if isinstance(key, str) else str(key)] = text
+                if isinstance(key, tuple):  # an element of a list-valued output: (field, index)
+                    doc.setdefault(str(key[0]), []).append(text)
+                else:
+                    doc[str(key)] = text
         return [_sse(StreamEvent(None, doc), doc)]
 
     async def on_end(self, ctx: RequestContext) -> None:
