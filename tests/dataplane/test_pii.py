@@ -247,3 +247,52 @@ def test_the_request_log_names_what_was_redacted_never_the_value(
     line = next(ln for ln in logs.splitlines() if rid in ln and '"event": "request"' in ln)
     assert "pii:end:redact:request:CN_MOBILE=1,response:CN_RESIDENT_ID=1" in line
     assert ID not in logs and MOBILE not in logs
+
+
+REDACT_RULE_POLICY = """
+version: 1
+chain:
+  - filter: principal
+  - filter: protocol
+  - filter: route
+  - filter: access
+  - filter: pii
+    request: false
+    response: false
+default_action: allow
+rules:
+  - name: acme-is-redacted
+    when: {tenant: [acme]}
+    action: redact
+"""
+
+
+def test_a_redact_rule_redacts_its_tenant_only(tmp_path: Path) -> None:
+    from tests.harness import OTHER_TENANT_KEY
+
+    up = ScriptedUpstream("openai").start()
+    try:
+        (tmp_path / "policy.yaml").write_text(REDACT_RULE_POLICY)
+        up.handler = lambda _r: json_answer(
+            {"choices": [{"index": 0, "message": {"content": f"card {CARD}"}}]}
+        )
+        reg = registry_for(
+            {"v": ("openai", up.port)}, {"chat": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
+        )
+        body = {"model": "chat", "messages": [{"role": "user", "content": f"my id {ID}"}]}
+        with running(tmp_path / "gw", reg, env={"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}) as env:
+            acme = httpx.post(
+                f"{env.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}"}
+            )
+            globex = httpx.post(
+                f"{env.url}/v1/chat/completions",
+                json=body,
+                headers={"authorization": f"Bearer {OTHER_TENANT_KEY}"},
+            )
+        assert acme.json()["choices"][0]["message"]["content"] == "card <CREDIT_CARD>"
+        assert json.loads(up.requests[0].body)["messages"][0]["content"] == "my id <CN_RESIDENT_ID>"
+        # The other tenant is under the filter's own defaults: nothing redacted.
+        assert globex.json()["choices"][0]["message"]["content"] == f"card {CARD}"
+        assert json.loads(up.requests[1].body)["messages"][0]["content"] == f"my id {ID}"
+    finally:
+        up.stop()
