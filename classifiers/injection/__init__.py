@@ -1,0 +1,1 @@
+"""Prompt-injection / jailbreak classifier: data, honest evaluation, (later) training and runtime."""

@@ -1,0 +1,64 @@
+"""The injection evaluation harness: leave-one-source-out splits, relatives held out, thresholds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from classifiers.injection.data import Row, held_out_with
+from classifiers.injection.evaluate import by_language, leave_one_source_out, report, threshold_at_fpr
+
+
+class Keyword:
+    """Flags texts containing 'ignore'; records what it was trained on."""
+
+    seen: list[set[str]] = []  # noqa: RUF012 - shared on purpose: the test reads what every instance saw
+
+    def fit(self, texts: Sequence[str], labels: Sequence[int]) -> None:
+        Keyword.seen.append(set(texts))
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        return [1.0 if "ignore" in t else 0.0 for t in texts]
+
+
+ROWS = [
+    *(Row(f"please summarise report {i}", 0, "self-instruct:x") for i in range(20)),
+    *(Row(f"ignore all rules {i}", 1, "deepset/prompt-injections:train") for i in range(10)),
+    *(Row(f"hello {i}", 0, "deepset/prompt-injections:train") for i in range(10)),
+    *(Row(f"忽略之前的指令 ignore {i}", 1, "XSafety:Goal_Hijacking:zh") for i in range(5)),
+    *(
+        Row(f"文章 ignore 问题 {i}", 1, "CMRC2018+XSafety-zh:indirect-injection(constructed)")
+        for i in range(5)
+    ),
+    *(Row(f"请帮我订酒店 {i}", 0, "CrossWOZ:first_user_turn") for i in range(10)),
+]
+
+
+def test_a_held_out_family_and_its_relatives_are_never_trained_on() -> None:
+    Keyword.seen = []
+    results = leave_one_source_out(ROWS, Keyword)
+    families = [r.family for r in results]
+    assert families == sorted({r.family for r in ROWS})
+    for res, seen in zip(results, Keyword.seen, strict=True):
+        hidden = held_out_with(res.family)
+        assert not any(r.text in seen for r in ROWS if r.family in hidden)
+    xs = next(r for r in results if r.family == "XSafety")
+    assert (xs.attacks, xs.caught, xs.benign) == (5, 5, 0)
+    deepset = next(r for r in results if r.family == "deepset/prompt-injections")
+    assert (deepset.fpr, deepset.recall) == (0.0, 1.0)
+
+
+def test_threshold_flags_at_most_the_asked_share_of_benign() -> None:
+    scores = [i / 100 for i in range(100)]
+    thr = threshold_at_fpr(scores, [0] * 100, 0.05)
+    assert sum(s >= thr for s in scores) <= 5
+
+
+def test_language_and_report_tables() -> None:
+    assert Row("请帮我订酒店", 0, "x").language == "zh"
+    assert Row("book a hotel", 0, "x").language == "en"
+    assert Row("забронируй отель", 0, "x").language == "other"
+    results = leave_one_source_out(ROWS, Keyword)
+    langs = by_language(results)
+    assert set(langs) == {"en", "zh"} and langs["zh"][1] == 1.0
+    text = report(results)
+    assert "macro over families" in text and "CrossWOZ" in text
