@@ -55,6 +55,7 @@ _BUILTIN_MODULES = (
     "filters.static_route",
     "filters.access",
     "filters.pii",
+    "filters.prompt_injection",
 )
 
 

@@ -30,6 +30,8 @@ class ErrorCode(StrEnum):
     GATEWAY_ERROR = "gateway_error"
     INTERNAL = "internal_error"
     POLICY_DENIED = "policy_denied"
+    PROMPT_REJECTED = "prompt_rejected"
+    CLASSIFIER_UNAVAILABLE = "classifier_unavailable"
 
 
 _OPENAI_TYPE = {

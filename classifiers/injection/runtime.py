@@ -1,0 +1,169 @@
+"""Injection classifier runtime: onnxruntime + tokenizers, no torch at run time.
+
+Loads any exported sequence-classification ONNX model (inputs `input_ids`, `attention_mask`,
+optionally `token_type_ids`; output logits `[batch, labels]`, label 1 = injection) with its
+`tokenizer.json`, named by a manifest that pins both files by sha256: a file that does not match
+is refused at load, never used.
+
+Long texts are scored in windows of the model's length and the highest score counts. Windows are
+capped (`max_windows`): the first windows, and the last one, so an attacker cannot push an
+instruction past the cap at the end of a long document; what lies between the capped head and
+the tail of a very long text is not read (docs/injection.md). Verdicts are cached per text by
+content hash, so a chat that resends its system prompt and history pays only for the new turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ModelError(ValueError):
+    """A model, tokenizer or manifest that cannot be used as it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What a model directory ships: files pinned by sha256, and how to use them."""
+
+    model: Path
+    model_sha256: str
+    tokenizer: Path
+    tokenizer_sha256: str
+    max_length: int = 256
+    threshold: float = 0.5
+    revision: str = ""
+
+    @classmethod
+    def load(cls, path: Path) -> Manifest:
+        """Read `manifest.json`; file paths are relative to it."""
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            return cls(
+                model=path.parent / doc["model"],
+                model_sha256=doc["model_sha256"],
+                tokenizer=path.parent / doc["tokenizer"],
+                tokenizer_sha256=doc["tokenizer_sha256"],
+                max_length=int(doc.get("max_length", 256)),
+                threshold=float(doc.get("threshold", 0.5)),
+                revision=str(doc.get("revision") or doc["model_sha256"][:12]),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelError(f"{path}: not a usable manifest ({type(exc).__name__}: {exc})") from None
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class InjectionModel:
+    """One ONNX session and tokenizer per worker; `score` is thread-safe and CPU-bound."""
+
+    def __init__(
+        self, manifest: Manifest, *, max_windows: int = 8, threads: int = 1, cache_size: int = 4096
+    ) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        for path, want in (
+            (manifest.model, manifest.model_sha256),
+            (manifest.tokenizer, manifest.tokenizer_sha256),
+        ):
+            try:
+                got = sha256_file(path)
+            except OSError as exc:
+                raise ModelError(f"{path}: cannot read ({exc.strerror})") from None
+            if got != want:
+                raise ModelError(f"{path}: sha256 {got[:12]}… does not match the manifest's {want[:12]}…")
+        self.manifest = manifest
+        self.revision = manifest.revision
+        self.max_windows = max_windows
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        try:
+            self._session = ort.InferenceSession(
+                str(manifest.model), opts, providers=["CPUExecutionProvider"]
+            )
+            self._tok = Tokenizer.from_file(str(manifest.tokenizer))
+        except Exception as exc:  # noqa: BLE001 - onnxruntime and tokenizers raise their own types
+            raise ModelError(f"cannot load the model: {type(exc).__name__}: {exc}") from None
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self._inputs = {i.name for i in self._session.get_inputs()}
+        if not {"input_ids", "attention_mask"} <= self._inputs:
+            raise ModelError(
+                f"the model takes {sorted(self._inputs)}; input_ids and attention_mask are needed"
+            )
+        self._bos = self._special(("<s>", "[CLS]"))
+        self._eos = self._special(("</s>", "[SEP]"))
+        self._pad = self._special(("<pad>", "[PAD]")) or 0
+        self._cache: OrderedDict[str, float] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self.cache_hits = 0
+
+    def _special(self, names: Sequence[str]) -> int | None:
+        for n in names:
+            i = self._tok.token_to_id(n)
+            if i is not None:
+                return int(i)
+        return None
+
+    def windows(self, text: str) -> list[list[int]]:
+        """Token windows of the model's length: the first `max_windows - 1` and the last one."""
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        body = self.manifest.max_length - (self._bos is not None) - (self._eos is not None)
+        chunks = [ids[i : i + body] for i in range(0, max(len(ids), 1), body)] or [[]]
+        if len(chunks) > self.max_windows:
+            chunks = [*chunks[: self.max_windows - 1], ids[-body:]]
+        head = [self._bos] if self._bos is not None else []
+        tail = [self._eos] if self._eos is not None else []
+        return [head + c + tail for c in chunks]
+
+    def _run(self, windows: list[list[int]]) -> list[float]:
+        import numpy as np
+
+        width = max(len(w) for w in windows)
+        ids = np.full((len(windows), width), self._pad, dtype=np.int64)
+        mask = np.zeros((len(windows), width), dtype=np.int64)
+        for i, w in enumerate(windows):
+            ids[i, : len(w)] = w
+            mask[i, : len(w)] = 1
+        feed: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feed["token_type_ids"] = np.zeros_like(ids)
+        logits = self._session.run(None, feed)[0]
+        out = []
+        for row in logits:
+            m = max(row)
+            exps = [math.exp(float(x) - m) for x in row]
+            out.append(exps[1] / sum(exps))
+        return out
+
+    def score(self, text: str) -> float:
+        """Probability that `text` is an injection or jailbreak (max over its windows)."""
+        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                self.cache_hits += 1
+                return self._cache[key]
+        value = max(self._run(self.windows(text)))
+        with self._lock:
+            self._cache[key] = value
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return value
