@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -167,34 +168,78 @@ def _text_of(line: str) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def _redact(args: argparse.Namespace) -> int:
-    got = _redact_engine(args)
-    if isinstance(got, str):
-        print(got, file=sys.stderr)
-        return 2
-    engine, rep = got
+def _jsonl(path: str | None, handle: Callable[[str], dict[str, Any]]) -> int:
+    """One JSON line out per JSONL line in, in order; a bad line says so in its place (exit 1)."""
     bad = 0
-    src = sys.stdin if args.file in (None, "-") else open(args.file, encoding="utf-8")  # noqa: SIM115
+    src = sys.stdin if path in (None, "-") else open(path, encoding="utf-8")  # noqa: SIM115
     with src:
         for n, line in enumerate(src, 1):
             if not line.strip():
                 continue
             text = _text_of(line)
             if text is None:
-                # One output line per input line, in order: a bad line says so in its place.
                 bad += 1
                 out: dict[str, Any] = {"error": f'line {n}: expected a JSON object with a string "text"'}
                 print(out["error"], file=sys.stderr)
             else:
-                redacted, spans = engine.redact(text, rep)
-                out = {
-                    "text": redacted,
-                    "spans": [
-                        {"start": s.start, "end": s.end, "entity": s.entity, "score": s.score} for s in spans
-                    ],
-                }
+                out = handle(text)
             sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
     return 1 if bad else 0
+
+
+def _redact(args: argparse.Namespace) -> int:
+    got = _redact_engine(args)
+    if isinstance(got, str):
+        print(got, file=sys.stderr)
+        return 2
+    engine, rep = got
+
+    def handle(text: str) -> dict[str, Any]:
+        redacted, spans = engine.redact(text, rep)
+        return {
+            "text": redacted,
+            "spans": [{"start": s.start, "end": s.end, "entity": s.entity, "score": s.score} for s in spans],
+        }
+
+    return _jsonl(args.file, handle)
+
+
+def _classify(args: argparse.Namespace) -> int:
+    from classifiers.injection.runtime import InjectionModel, Manifest, ModelError
+
+    try:
+        model = InjectionModel(Manifest.load(Path(args.model)))
+    except ModelError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    threshold = args.threshold if args.threshold is not None else model.manifest.threshold
+
+    def handle(text: str) -> dict[str, Any]:
+        score = model.score(text)
+        return {"score": round(score, 6), "flagged": score >= threshold}
+
+    return _jsonl(args.file, handle)
+
+
+def _text_commands(sub: Any) -> None:
+    s = sub.add_parser(
+        "redact",
+        help="redact JSONL {text} lines (file or stdin): one {text, spans} line out per line in",
+    )
+    s.add_argument("file", nargs="?", help="JSONL input (default: stdin)")
+    s.add_argument("--policy", default="policies/default.yaml", help="use this policy's pii settings")
+    s.add_argument("--entities", help="comma-separated entities instead of the policy's")
+    s.add_argument("--threshold", type=float, default=0.5, help="score threshold with --entities")
+    s.add_argument("--replacement", choices=["mask", "entity", "hash"], help="override the replacement")
+    s.set_defaults(fn=_redact)
+    s = sub.add_parser(
+        "classify",
+        help="score JSONL {text} lines for prompt injection: one {score, flagged} line out per line in",
+    )
+    s.add_argument("file", nargs="?", help="JSONL input (default: stdin)")
+    s.add_argument("--model", required=True, help="the model's manifest.json")
+    s.add_argument("--threshold", type=float, help="flag at or above this score (default: the manifest's)")
+    s.set_defaults(fn=_classify)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,16 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=_policy_test)
     s = pol.add_parser("schema", help="print the policy JSON Schema")
     s.set_defaults(fn=_policy_schema)
-    s = sub.add_parser(
-        "redact",
-        help="redact JSONL {text} lines (file or stdin): one {text, spans} line out per line in",
-    )
-    s.add_argument("file", nargs="?", help="JSONL input (default: stdin)")
-    s.add_argument("--policy", default="policies/default.yaml", help="use this policy's pii settings")
-    s.add_argument("--entities", help="comma-separated entities instead of the policy's")
-    s.add_argument("--threshold", type=float, default=0.5, help="score threshold with --entities")
-    s.add_argument("--replacement", choices=["mask", "entity", "hash"], help="override the replacement")
-    s.set_defaults(fn=_redact)
+    _text_commands(sub)
     args = p.parse_args(argv)
     code: int = args.fn(args)
     return code
