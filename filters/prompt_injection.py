@@ -63,7 +63,7 @@ class PromptInjection(BaseFilter):
     """Score prompts; deny or flag those above the threshold."""
 
     name: ClassVar[str] = "prompt_injection"
-    phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY
+    phases: ClassVar[Phase] = Phase.REQUEST_BODY
     needs: ClassVar[tuple[str, ...]] = ("protocol",)
 
     def __init__(self, model: InjectionModel, params: InjectionParams) -> None:
