@@ -79,6 +79,8 @@ class Verdict:
     action: str
     elapsed_s: float
     detail: str = ""
+    # What a content filter found, as (kind, count): counted in metrics, never any text.
+    counts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(slots=True)

@@ -353,9 +353,10 @@ class PiiRedactor(BaseFilter):
         st = ctx.state.get(self.name)
         if isinstance(st, _State) and st.found:
             # Types and counts only, never values: this is what the audit record carries.
-            detail = ",".join(f"{side}:{entity}={n}" for (side, entity), n in sorted(st.found.items()))
+            counts = tuple((f"{side}:{entity}", n) for (side, entity), n in sorted(st.found.items()))
+            detail = ",".join(f"{kind}={n}" for kind, n in counts)
             action = "monitor" if self._shadow(ctx) else "redact"
-            ctx.verdicts.append(Verdict(self.name, "end", action, 0.0, detail))
+            ctx.verdicts.append(Verdict(self.name, "end", action, 0.0, detail, counts))
 
 
 def _reparse(

@@ -73,12 +73,18 @@ class Metrics:
         self.failures = Counter(
             "ztgate_chain_failures_total", "Chain errors and timeouts (denied)", ("kind",)
         )
+        self.findings = Counter(
+            "ztgate_findings_total",
+            "What content filters found, by kind (e.g. response:CN_MOBILE) and what they did (redact, monitor)",
+            ("filter", "action", "kind"),
+        )
         self.all: tuple[Histogram | Counter, ...] = (
             self.filter_seconds,
             self.phase_seconds,
             self.decisions,
             self.requests,
             self.failures,
+            self.findings,
         )
 
     def record(self, filter_name: str, phase: str, action: str, seconds: float) -> None:
@@ -94,6 +100,11 @@ class Metrics:
     def outcome(self, outcome: str) -> None:
         """A request ended with this outcome."""
         self.requests.inc((outcome,))
+
+    def found(self, filter_name: str, action: str, counts: tuple[tuple[str, int], ...]) -> None:
+        """A filter's findings for one request (kinds and counts, never content)."""
+        for kind, n in counts:
+            self.findings.inc((filter_name, action, kind), n)
 
     def failure(self, kind: str) -> None:
         """The chain failed (error or timeout) and denied."""

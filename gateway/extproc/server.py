@@ -242,6 +242,9 @@ class ExtProcServer:
             )
         status = st.status or ctx.response_status or 0
         self._metrics.outcome(st.outcome)
+        for v in ctx.verdicts:
+            if v.counts:
+                self._metrics.found(v.filter, v.action, v.counts)
         route = ctx.route
         self._log.info(
             "request",

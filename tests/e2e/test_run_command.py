@@ -59,13 +59,21 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             json={"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
         )
         assert r.status_code == 200, r.text
+        # The shipped policy redacts answers: Triton echoes a mobile number, the client gets a placeholder.
+        r = httpx.post(
+            f"http://127.0.0.1:{ports['LISTEN']}/v2/models/echo/generate",
+            headers={"authorization": f"Bearer {DEMO_KEY}"},
+            json={"text_input": "手机13800138000"},
+        )
+        assert r.status_code == 200 and r.json()["text_output"].endswith("手机<CN_MOBILE>"), r.text
         # Workers publish their metrics once a second.
         until = time.monotonic() + 10
-        while 'ztgate_requests_total{outcome="allowed"}' not in (
+        while 'kind="response:CN_MOBILE"' not in (
             metrics := httpx.get(f"http://127.0.0.1:{ports['ADMIN']}/metrics").text
         ):
             assert time.monotonic() < until, metrics
             time.sleep(0.2)
+        assert 'ztgate_findings_total{filter="pii",action="redact",kind="response:CN_MOBILE"} 1.0' in metrics
         assert 'ztgate_filter_seconds_count{filter="principal",phase="request_headers"}' in metrics
         assert 'ztgate_requests_total{outcome="allowed"}' in metrics
     finally:

@@ -15,6 +15,8 @@ def test_snapshots_from_workers_are_summed(tmp_path: Path) -> None:
     a.outcome("allowed")
     b.outcome("allowed")
     b.failure("timeout")
+    a.found("pii", "redact", (("response:CN_MOBILE", 2), ("request:EMAIL_ADDRESS", 1)))
+    b.found("pii", "redact", (("response:CN_MOBILE", 1),))
     a.write(tmp_path, "worker-1")
     b.write(tmp_path, "worker-2")
     (tmp_path / "worker-3.json").write_text("{half written")
@@ -29,6 +31,8 @@ def test_snapshots_from_workers_are_summed(tmp_path: Path) -> None:
     assert 'ztgate_chain_failures_total{kind="timeout"} 1.0' in lines
     assert f'ztgate_filter_decisions_total{{{labels},action="deny"}} 1.0' in lines
     assert "# TYPE ztgate_filter_seconds histogram" in lines
+    assert 'ztgate_findings_total{filter="pii",action="redact",kind="response:CN_MOBILE"} 3.0' in lines
+    assert 'ztgate_findings_total{filter="pii",action="redact",kind="request:EMAIL_ADDRESS"} 1.0' in lines
 
 
 def test_label_values_are_escaped() -> None:
