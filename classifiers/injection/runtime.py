@@ -153,6 +153,11 @@ class InjectionModel:
             out.append(exps[1] / sum(exps))
         return out
 
+    def clear_cache(self) -> None:
+        """Forget every cached verdict (benchmarks; a new model revision gets a new instance)."""
+        with self._lock:
+            self._cache.clear()
+
     def score(self, text: str) -> float:
         """Probability that `text` is an injection or jailbreak (max over its windows)."""
         key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

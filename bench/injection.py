@@ -1,0 +1,98 @@
+"""Injection classifier runtime cost (figures, not a test): `python -m bench.injection MANIFEST`.
+
+For any model directory (manifest.json): p50/p99 per prompt at 64, 256 and 512 tokens (and a
+2,000-token prompt, read in windows) with one intra-op thread, windows per second when a batch of
+windows runs at once, and what the per-message verdict cache saves on a 10-turn chat that resends
+its history every turn. Without a MANIFEST it builds the tests' bag-of-words graph, which measures
+only the runtime's own overhead (tokenizer, session call, windows), not a real model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from classifiers.injection.runtime import InjectionModel, Manifest
+
+WORDS = [
+    "please",
+    "summarise",
+    "the",
+    "report",
+    "and",
+    "ignore",
+    "nothing",
+    "else",
+    "while",
+    "你好",
+    "reviewing",
+    "every",
+    "clause",
+]
+
+
+def _text(model: InjectionModel, tokens: int) -> str:
+    words: list[str] = []
+    while len(model.windows(" ".join(words))[0]) < tokens or not words:
+        words.append(WORDS[len(words) % len(WORDS)])
+        if len(words) > tokens * 4:
+            break
+    return " ".join(words)
+
+
+def _times(model: InjectionModel, text: str, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        model.score(f"{i} {text}")  # a fresh text each time: no cache hits
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("manifest", nargs="?", type=Path)
+    ap.add_argument("-n", type=int, default=200)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        path = args.manifest
+        if path is None:
+            from tests.injection_model import build
+
+            path = build(Path(d), max_length=512)
+            print("no manifest given: the tests' bag-of-words graph (runtime overhead only)\n")
+        model = InjectionModel(Manifest.load(path), max_windows=8, threads=1)
+        print(f"model {model.revision}, max_length {model.manifest.max_length}, 1 intra-op thread")
+        for tokens in (64, 256, 512, 2000):
+            text = (
+                _text(model, min(tokens, model.manifest.max_length))
+                if tokens <= 512
+                else " ".join([_text(model, 250)] * (tokens // 250))
+            )
+            ts = sorted(_times(model, text, args.n))
+            print(
+                f"  {tokens:5d} tokens ({len(model.windows(text))} windows): p50 {statistics.median(ts) * 1000:7.2f} ms"
+                f"  p99 {ts[int(0.99 * len(ts))] * 1000:7.2f} ms"
+            )
+        # A chat: system prompt + growing history, each turn resent; scored per message.
+        system = _text(model, 200)
+        turns = [_text(model, 60) + f" turn {i}" for i in range(10)]
+        for cached in (False, True):
+            model.clear_cache()
+            t0 = time.perf_counter()
+            for k in range(1, len(turns) + 1):
+                for msg in [system, *turns[:k]]:
+                    if not cached:
+                        model.clear_cache()
+                    model.score(msg)
+            label = "with the per-message cache" if cached else "without cache"
+            print(
+                f"  10-turn chat, history resent each turn, {label}: {(time.perf_counter() - t0) * 1000:.1f} ms"
+            )
+
+
+if __name__ == "__main__":
+    main()
