@@ -7,7 +7,6 @@ with status 200 as `{"error": ...}`.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from filters._protocols import (
     StreamEvent,
     bad,
     check_text,
+    compact_json,
     strict_json,
 )
 from filters._sse import SSEParser
@@ -332,5 +332,5 @@ def rewrite_tensors(entries: Any, binary: bytes, fix: Callable[[str], str]) -> b
 
 def body_with_binary(doc: Any, binary: bytes) -> tuple[bytes, str | None]:
     """Serialize a (rewritten) document with its binary data; and the new header length, if any."""
-    json_part = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    json_part = compact_json(doc)
     return json_part + binary, (str(len(json_part)) if binary else None)

@@ -144,6 +144,11 @@ def strict_json(body: bytes, what: str = "request body") -> Any:
     return doc
 
 
+def compact_json(doc: Any) -> bytes:
+    """A document as the gateway re-serializes it: UTF-8, no spaces."""
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def check_text(value: str, where: str) -> str:
     """Reject strings that cannot be re-encoded (lone surrogates from \\ud800-style escapes)."""
     try:

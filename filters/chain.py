@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from filters.base import CONTINUE, Continue, Decision, Deny, Filter, Phase, RequestContext, Verdict
+from gateway.config_yaml import hint_for
 
 T = TypeVar("T")
 
@@ -129,8 +130,6 @@ def build_with_params(entries: Sequence[tuple[str, dict[str, Any]]], env: BuildE
                     )
                     problems.append((i, key, f"unknown parameter {key!r} for {name}", hint))
                 else:
-                    from gateway.config_yaml import hint_for
-
                     # The full path locates nested mistakes (patterns.0.regex), not just the key.
                     dotted = ".".join(str(p) for p in err["loc"]) or None
                     problems.append(

@@ -19,7 +19,7 @@ import os
 import re
 import secrets
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -27,11 +27,11 @@ from typing import Any, ClassVar, Literal
 import phonenumbers
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from classifiers.pii.engine import CustomPattern, PiiEngine, Replacement, Replacer, replacer
+from classifiers.pii.engine import CustomPattern, PiiEngine, Replacement, Replacer, Span, replacer
 from classifiers.pii.recognizers import BUILTIN_ENTITIES, MAX_ENTITY_CHARS, PERSON
 from classifiers.pii.stream import StreamRedactor
 from filters import _kserve, _openai
-from filters._protocols import Slot, StreamEvent
+from filters._protocols import Prompt, Slot, StreamEvent, compact_json
 from filters.base import CONTINUE, BaseFilter, Continue, Decision, Phase, RequestContext, Verdict
 from filters.chain import BuildEnv, register
 from gateway.registry import Protocol
@@ -119,14 +119,23 @@ class PiiParams(BaseModel):
 
 
 def hash_key(path: Path) -> bytes:
-    """The replacement-hash key: made once (0600) and shared by every worker and restart."""
+    """The replacement-hash key: made once (0600) and shared by every worker and restart.
+
+    Written whole to a private file and linked into place, so a worker starting at the same
+    moment reads either no file or the whole key, never an empty one.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return bytes.fromhex(path.read_text().strip())
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another worker won; use its key
+        finally:
+            tmp.unlink()
     return bytes.fromhex(path.read_text().strip())
 
 
@@ -138,13 +147,37 @@ class _State:
 
 
 def _sse(ev: StreamEvent, doc: Any) -> bytes:
-    head = f"event: {ev.event}\n" if ev.event else ""
-    data = "[DONE]" if doc is None else json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-    return f"{head}data: {data}\n\n".encode()
+    head = f"event: {ev.event}\n".encode() if ev.event else b""
+    return head + b"data: " + (b"[DONE]" if doc is None else compact_json(doc)) + b"\n\n"
 
 
-def _dumps(doc: Any) -> bytes:
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+def _rewrite(
+    p: Prompt, doc: Any, binary: bytes, fix: Callable[[str], str], *, answer: bool
+) -> tuple[bytes, str | None] | None:
+    """Apply `fix` to every text of a request or whole answer document in place; the new body
+    and Inference-Header-Content-Length, or None when no text changed (the original bytes go on)."""
+    changed = False
+
+    def noted(text: str) -> str:
+        nonlocal changed
+        new = fix(text)
+        changed = changed or new != text
+        return new
+
+    if p.protocol is Protocol.KSERVE_V2 and p.operation == _kserve.INFER:
+        new_binary = _kserve.rewrite_tensors(doc.get("outputs" if answer else "inputs"), binary, noted)
+        return _kserve.body_with_binary(doc, new_binary) if changed else None
+    if p.protocol is Protocol.OPENAI:
+        slots = (
+            _openai.answer_slots(p.operation, doc, "message")
+            if answer
+            else _openai.request_slots(p.operation, doc)
+        )
+    else:
+        slots = _kserve.generate_slots(doc)
+    for slot in slots:
+        slot.set(noted(slot.get()))
+    return (compact_json(doc), None) if changed else None
 
 
 class PiiRedactor(BaseFilter):
@@ -171,14 +204,17 @@ class PiiRedactor(BaseFilter):
         # Monitor mode is the filter's default; a matching `redact` rule enforces regardless.
         return self.monitor and not ctx.redact_rules
 
-    def _fixer(self, st: _State, side: str, *, shadow: bool = False) -> Callable[[str], str]:
+    def _fixer(self, st: _State, side: str) -> Callable[[str], str]:
         def fix(text: str) -> str:
             out, spans = self.engine.redact(text, self.replace)
-            for s in spans:
-                st.found[side, s.entity] += 1
-            return text if shadow else out
+            st.found.update((side, s.entity) for s in spans)
+            return out
 
         return fix
+
+    def _find(self, texts: Iterable[str]) -> list[Span]:
+        # Monitor mode and the prompt pre-check: what would be redacted, nothing rewritten.
+        return [s for t in texts for s in self.engine.analyze(t)]
 
     async def _run(self, size: int, work: Callable[[], Any]) -> Any:
         # CPU-bound: short texts inline; long ones in a thread, so the phase budget can still fire.
@@ -194,37 +230,16 @@ class PiiRedactor(BaseFilter):
         st = self._state(ctx)
         size = sum(len(s.text) for s in p.segments)
         # Most prompts hold no PII: find that out on the extracted text before copying anything.
-        findings = await self._run(
-            size, lambda: [s for seg in p.segments for s in self.engine.analyze(seg.text)]
-        )
+        findings = await self._run(size, lambda: self._find(seg.text for seg in p.segments))
         if not findings:
             return CONTINUE
         if self._shadow(ctx):
-            for s in findings:
-                st.found["request", s.entity] += 1
+            st.found.update(("request", s.entity) for s in findings)
             return CONTINUE
         fix = self._fixer(st, "request")
-        doc = json.loads(_dumps(p.document))  # a private copy: nothing is changed unless all succeeds
-
-        def work() -> tuple[bytes, str | None] | None:
-            if p.protocol is Protocol.OPENAI:
-                slots = _openai.request_slots(p.operation, doc)
-            elif p.operation == _kserve.INFER:
-                binary = _kserve.rewrite_tensors(doc.get("inputs"), p.binary_tail, fix)
-                return _kserve.body_with_binary(doc, binary)
-            else:
-                slots = _kserve.generate_slots(doc)
-            changed = False
-            for slot in slots:
-                old = slot.get()
-                new = fix(old)
-                if new != old:
-                    slot.set(new)
-                    changed = True
-            return (_dumps(doc), None) if changed else None
-
-        result = await self._run(size, work)
-        if result is None or not any(k == "request" for k, _ in st.found):
+        doc = json.loads(compact_json(p.document))  # a private copy: nothing is changed unless all succeeds
+        result = await self._run(size, lambda: _rewrite(p, doc, p.binary_tail, fix, answer=False))
+        if result is None:
             return CONTINUE
         new_body, header_length = result
         p.document = doc
@@ -255,36 +270,15 @@ class PiiRedactor(BaseFilter):
                 body=self._stream_chunk(st, st.stream, p.protocol, p.operation, answer.chunk_events, end=end)
             )
         if self._shadow(ctx) and answer.done and end:
-            for i in answer.choices:
-                self._fixer(st, "response", shadow=True)(answer.text(i))
+            spans = self._find(answer.text(i) for i in answer.choices)
+            st.found.update(("response", s.entity) for s in spans)
             return CONTINUE
         if not end or answer.document is None or answer.upstream_error:
             return CONTINUE
-        doc, fix = answer.document, self._fixer(st, "response")
+        fix = self._fixer(st, "response")
         size = sum(len(answer.text(i)) for i in answer.choices)
-
-        changed: list[bool] = []
-
-        def fix_and_note(text: str) -> str:
-            new = fix(text)
-            if new != text:
-                changed.append(True)
-            return new
-
-        def work() -> tuple[bytes, str | None] | None:
-            if p.protocol is Protocol.OPENAI:
-                slots = _openai.answer_slots(p.operation, doc, "message")
-            elif p.operation == _kserve.INFER:
-                binary = _kserve.rewrite_tensors(doc.get("outputs"), answer.binary, fix_and_note)
-                return _kserve.body_with_binary(doc, binary) if changed else None
-            else:
-                slots = _kserve.generate_slots(doc)
-            for slot in slots:
-                slot.set(fix_and_note(slot.get()))
-            # Most answers hold no PII: then the upstream's bytes go on untouched.
-            return (_dumps(doc), None) if changed else None
-
-        result = await self._run(size, work)
+        # Most answers hold no PII: then the upstream's bytes go on untouched.
+        result = await self._run(size, lambda: _rewrite(p, answer.document, answer.binary, fix, answer=True))
         if result is None:
             return CONTINUE
         body, header_length = result
@@ -303,7 +297,6 @@ class PiiRedactor(BaseFilter):
     ) -> bytes:
         out: list[bytes] = []
         openai = proto is Protocol.OPENAI
-        before = len(red.found)
         for ev in events:
             doc = ev.doc
             if doc is None:  # [DONE]: whatever is still held goes out first
@@ -325,8 +318,6 @@ class PiiRedactor(BaseFilter):
             out.append(_sse(ev, doc))
         if end:
             out += self._flush_all(red, proto, op, st.last_doc)
-        for s in red.found[before:]:
-            st.found["response", s.entity] += 1
         return b"".join(out)
 
     def _flush_all(self, red: StreamRedactor, proto: Protocol, op: str, like: Any) -> list[bytes]:
@@ -351,6 +342,8 @@ class PiiRedactor(BaseFilter):
 
     async def on_end(self, ctx: RequestContext) -> None:
         st = ctx.state.get(self.name)
+        if isinstance(st, _State) and st.stream is not None:
+            st.found.update({("response", e): n for e, n in st.stream.found.items()})
         if isinstance(st, _State) and st.found:
             # Types and counts only, never values: this is what the audit record carries.
             counts = tuple((f"{side}:{entity}", n) for (side, entity), n in sorted(st.found.items()))
@@ -390,9 +383,5 @@ def _build(env: BuildEnv, params: PiiParams) -> PiiRedactor:
 
     engine = env.engine(f"pii:{key}", make)
     mode = Replacement(params.replacement)
-    secret = (
-        hash_key(env.settings.pii_key_file or env.settings.state_dir / "pii-hash.key")
-        if mode is Replacement.HASH
-        else b""
-    )
+    secret = hash_key(env.settings.pii_key_path) if mode is Replacement.HASH else b""
     return PiiRedactor(engine, replacer(mode, secret), params)

@@ -12,7 +12,7 @@ import json
 from typing import ClassVar
 
 from filters import _kserve, _openai
-from filters._protocols import Prompt
+from filters._protocols import Prompt, compact_json
 from filters.base import BaseFilter, Continue, Decision, Deny, Phase, RequestContext, Respond
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
@@ -76,7 +76,7 @@ class RegistryRoute(BaseFilter):
             if route.upstream_model != p.model_ref and isinstance(p.document, dict):
                 doc = dict(p.document)
                 doc["model"] = route.upstream_model
-                body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+                body = compact_json(doc)
                 # Later filters that rewrite the body start from what the upstream will get.
                 p.document = doc
         else:

@@ -130,7 +130,7 @@ def _cli_replacer(mode: str) -> Any:
     from gateway.settings import Settings
 
     s = Settings.from_env()
-    key = hash_key(s.pii_key_file or s.state_dir / "pii-hash.key") if mode == "hash" else b""
+    key = hash_key(s.pii_key_path) if mode == "hash" else b""
     return replacer(Replacement(mode), key)
 
 

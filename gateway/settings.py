@@ -101,6 +101,11 @@ class Settings:
         s.check()
         return s
 
+    @property
+    def pii_key_path(self) -> Path:
+        """Where the PII hash-replacement key lives (made on first use)."""
+        return self.pii_key_file or self.state_dir / "pii-hash.key"
+
     def check(self) -> None:
         """Refuse combinations that would make the gateway fail open or misbehave."""
         if self.message_timeout_s <= self.phase_budget_s:

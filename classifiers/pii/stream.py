@@ -11,6 +11,7 @@ never retracted, and a cut never falls inside a detected entity.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -84,8 +85,7 @@ class StreamRedactor:
     engine: PiiEngine
     replace: Replacer
     streams: dict[Hashable, _Stream] = field(default_factory=dict)
-    found: list[Span] = field(default_factory=list)  # entity findings, offsets per stream
-    _offsets: dict[Hashable, int] = field(default_factory=dict)
+    found: Counter[str] = field(default_factory=Counter)  # entities redacted, over all streams
 
     def push(self, key: Hashable, delta: str) -> str:
         """Add `delta` to stream `key`; return what may be released now (possibly "")."""
@@ -94,14 +94,14 @@ class StreamRedactor:
         cut = safe_cut(st.pending, self.engine.names)
         if cut <= 0:
             return ""
-        return self._release(key, st, cut, final=False)
+        return self._release(st, cut, final=False)
 
     def flush(self, key: Hashable) -> str:
         """End of stream `key` (finish reason, [DONE], end of body): release everything held."""
         st = self.streams.get(key)
         if st is None or not st.pending:
             return ""
-        return self._release(key, st, len(st.pending), final=True)
+        return self._release(st, len(st.pending), final=True)
 
     def held(self, key: Hashable) -> int:
         """Characters of stream `key` held back right now."""
@@ -131,7 +131,7 @@ class StreamRedactor:
         origin += range(pos, stop)
         return "".join(out), mine, origin
 
-    def _release(self, key: Hashable, st: _Stream, cut: int, *, final: bool) -> str:
+    def _release(self, st: _Stream, cut: int, *, final: bool) -> str:
         ctx = st.tail
         text = ctx + st.pending
         spans = [s for s in self.engine.analyze(text) if s.end > len(ctx)]
@@ -161,11 +161,7 @@ class StreamRedactor:
         released = text[len(ctx) : stop]
         if not released:
             return ""
-        base = self._offsets.get(key, 0)
-        self.found += [
-            Span(base + s.start - len(ctx), base + s.end - len(ctx), s.entity, s.score) for s in mine
-        ]
-        self._offsets[key] = base + len(released)
+        self.found.update(s.entity for s in mine)
         if mine or st.tail_out != st.tail:
             # As in PiiEngine.redact: a replacement (here or just before) can expose a neighbour.
             for _ in range(3):
