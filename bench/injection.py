@@ -1,10 +1,10 @@
 """Injection classifier runtime cost (figures, not a test): `python -m bench.injection MANIFEST`.
 
-For any model directory (manifest.json): p50/p99 per prompt at 64, 256 and 512 tokens (and a
-2,000-token prompt, read in windows) with one intra-op thread, windows per second when a batch of
-windows runs at once, and what the per-message verdict cache saves on a 10-turn chat that resends
-its history every turn. Without a MANIFEST it builds the tests' bag-of-words graph, which measures
-only the runtime's own overhead (tokenizer, session call, windows), not a real model.
+For any model directory (default: the shipped model): p50/p99 per prompt at 64, 256 and 512
+tokens (and a 2,000-token prompt, read in windows) with one intra-op thread, windows per second
+when a batch of windows runs in one call, and what the per-message verdict cache saves on a 10-turn
+chat that resends its history every turn. `--toy` runs the tests' bag-of-words graph instead,
+which measures only the runtime's own overhead (tokenizer, session call, windows).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 from classifiers.injection.runtime import InjectionModel, Manifest
+
+SHIPPED = Path(__file__).resolve().parents[1] / "classifiers" / "injection" / "model" / "manifest.json"
 
 WORDS = [
     "please",
@@ -35,11 +37,12 @@ WORDS = [
 
 
 def _text(model: InjectionModel, tokens: int) -> str:
+    """A text of about `tokens` tokens (prose-like word salad; the cost depends on length only)."""
     words: list[str] = []
-    while len(model.windows(" ".join(words))[0]) < tokens or not words:
-        words.append(WORDS[len(words) % len(WORDS)])
-        if len(words) > tokens * 4:
-            break
+    while not words or model.tokens(" ".join(words)) < tokens:
+        words += WORDS
+    while model.tokens(" ".join(words)) > tokens and len(words) > 1:
+        words.pop()
     return " ".join(words)
 
 
@@ -54,12 +57,13 @@ def _times(model: InjectionModel, text: str, n: int) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("manifest", nargs="?", type=Path)
+    ap.add_argument("manifest", nargs="?", type=Path, default=SHIPPED)
+    ap.add_argument("--toy", action="store_true", help="the tests' bag-of-words graph: runtime overhead only")
     ap.add_argument("-n", type=int, default=200)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         path = args.manifest
-        if path is None:
+        if args.toy:
             from tests.injection_model import build
 
             path = build(Path(d), max_length=512)
@@ -67,16 +71,21 @@ def main() -> None:
         model = InjectionModel(Manifest.load(path), max_windows=8, threads=1)
         print(f"model {model.revision}, max_length {model.manifest.max_length}, 1 intra-op thread")
         for tokens in (64, 256, 512, 2000):
-            text = (
-                _text(model, min(tokens, model.manifest.max_length))
-                if tokens <= 512
-                else " ".join([_text(model, 250)] * (tokens // 250))
-            )
+            text = _text(model, tokens - 2)  # with <s> and </s>: exactly one window at 256
             ts = sorted(_times(model, text, args.n))
             print(
                 f"  {tokens:5d} tokens ({len(model.windows(text))} windows): p50 {statistics.median(ts) * 1000:7.2f} ms"
                 f"  p99 {ts[int(0.99 * len(ts))] * 1000:7.2f} ms"
             )
+        # Batching: windows per second when several windows run in one session call.
+        window = model.windows(_text(model, model.manifest.max_length - 2))[0]
+        for size in (1, 4, 8, 16):
+            t0 = time.perf_counter()
+            rounds = max(4, 64 // size)
+            for _ in range(rounds):
+                model.run_windows([window] * size)
+            rate = rounds * size / (time.perf_counter() - t0)
+            print(f"  batch of {size:2d} full windows: {rate:6.0f} windows/s")
         # A chat: system prompt + growing history, each turn resent; scored per message.
         system = _text(model, 200)
         turns = [_text(model, 60) + f" turn {i}" for i in range(10)]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from classifiers.injection.data import Row
+
 
 class TfidfBaseline:
     """char_wb 2-4-grams, sublinear tf, class-balanced logistic regression."""
@@ -22,10 +24,10 @@ class TfidfBaseline:
         )
         self._clf: Any = LogisticRegression(max_iter=2000, class_weight="balanced", C=4.0)
 
-    def fit(self, texts: Sequence[str], labels: Sequence[int]) -> None:
+    def fit(self, rows: Sequence[Row]) -> None:
         """Train on texts truncated to their first 4,000 characters."""
-        x = self._vec.fit_transform([t[:4000] for t in texts])
-        self._clf.fit(x, list(labels))
+        x = self._vec.fit_transform([r.text[:4000] for r in rows])
+        self._clf.fit(x, [r.label for r in rows])
 
     def score(self, texts: Sequence[str]) -> list[float]:
         """Probability of injection for each text."""

@@ -10,19 +10,21 @@ In-distribution dev F1 says almost nothing (issue 5): this measures what general
 - **Per language** (zh / en / other): pooled over the held-out predictions.
 - **Dev**: the usual split, for reference only.
 
-Any model with `fit(texts, labels)` and `score(texts) -> list[float]` plugs in; `--model tfidf`
+Any model with `fit(rows)` and `score(texts) -> list[float]` plugs in; `--model tfidf`
 is the character n-gram + logistic-regression baseline.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from classifiers.injection.data import DATASETS, Row, held_out_with, load
@@ -31,7 +33,7 @@ from classifiers.injection.data import DATASETS, Row, held_out_with, load
 class Model(Protocol):
     """What the evaluation needs from a classifier."""
 
-    def fit(self, texts: Sequence[str], labels: Sequence[int]) -> None: ...
+    def fit(self, rows: Sequence[Row]) -> None: ...
 
     def score(self, texts: Sequence[str]) -> list[float]: ...
 
@@ -70,29 +72,61 @@ def leave_one_source_out(
     rows: Sequence[Row], make: Callable[[], Model], *, seed: int = 0, families: Sequence[str] | None = None
 ) -> list[FamilyResult]:
     """Train without each family (and its relatives); score it at the 5%-FPR threshold."""
+    return held_out_runs(rows, make, [{f} for f in families or sorted({r.family for r in rows})], seed=seed)
+
+
+def grouped_folds(rows: Sequence[Row], k: int) -> list[set[str]]:
+    """`k` groups of families, relatives kept together, about equal in rows (for slow models).
+
+    Holding out a fifth of the pool at once is harsher than one family at a time (less training
+    data, fewer neighbours), and it costs k trainings instead of one per family.
+    """
+    sizes = Counter(r.family for r in rows)
+    units: list[set[str]] = []
+    for fam in sorted(sizes):
+        unit = {fam} | (set(held_out_with(fam)) & set(sizes))
+        merged = [u for u in units if u & unit]
+        for u in merged:
+            units.remove(u)
+            unit |= u
+        units.append(unit)
+    folds: list[set[str]] = [set() for _ in range(k)]
+    load_: list[int] = [0] * k
+    for unit in sorted(units, key=lambda u: (-sum(sizes[f] for f in u), sorted(u))):
+        i = load_.index(min(load_))
+        folds[i] |= unit
+        load_[i] += sum(sizes[f] for f in unit)
+    return folds
+
+
+def held_out_runs(
+    rows: Sequence[Row], make: Callable[[], Model], groups: Sequence[set[str]], *, seed: int = 0
+) -> list[FamilyResult]:
+    """For each group: train without it (and relatives), score each of its families at 5% FPR."""
     out: list[FamilyResult] = []
-    for family in families or sorted({r.family for r in rows}):
-        hidden = held_out_with(family)
+    for group in groups:
+        hidden = set().union(*(held_out_with(f) for f in group))
         train = [r for r in rows if r.family not in hidden]
-        test = [r for r in rows if r.family == family]
         rng = random.Random(seed)  # noqa: S311 - a reproducible split, not a secret
         rng.shuffle(train)
         cut = len(train) // 10
         calib, fit_rows = train[:cut], train[cut:]
         model = make()
-        model.fit([r.text for r in fit_rows], [r.label for r in fit_rows])
+        model.fit(fit_rows)
         thr = threshold_at_fpr(model.score([r.text for r in calib]), [r.label for r in calib])
-        res = FamilyResult(family, threshold=thr)
-        for r, s in zip(test, model.score([r.text for r in test]), strict=True):
-            res.predictions.append((r, s))
-            if r.label:
-                res.attacks += 1
-                res.caught += s >= thr
-            else:
-                res.benign += 1
-                res.false_positives += s >= thr
-        out.append(res)
-    return out
+        for family in sorted(group):
+            test = [r for r in rows if r.family == family]
+            res = FamilyResult(family, threshold=thr)
+            for r, s in zip(test, model.score([r.text for r in test]), strict=True):
+                res.predictions.append((r, s))
+                if r.label:
+                    res.attacks += 1
+                    res.caught += s >= thr
+                else:
+                    res.benign += 1
+                    res.false_positives += s >= thr
+            out.append(res)
+    return sorted(out, key=lambda res: res.family)
 
 
 def by_language(results: Sequence[FamilyResult]) -> dict[str, tuple[float | None, float | None, int]]:
@@ -136,25 +170,52 @@ def report(results: Sequence[FamilyResult]) -> str:
     return "\n".join(lines)
 
 
+def _student_factory(args: argparse.Namespace) -> Callable[[], Model]:
+    from tokenizers import Tokenizer
+
+    from classifiers.injection.teacher import Embedder
+    from classifiers.injection.train import Recipe, Student
+
+    tok = Tokenizer.from_file(str(args.tokenizer))
+    recipe = Recipe(**json.loads(args.recipe)) if args.recipe else Recipe()
+    embedder = Embedder(args.work / "minilm-embeddings.npz")
+    encoder = args.work / f"mlm-{recipe.seed}"
+    return lambda: Student(tok, recipe, encoder=encoder, embedder=embedder)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tfidf", choices=["tfidf"])
+    ap.add_argument("--model", default="tfidf", choices=["tfidf", "teacher", "student"])
     ap.add_argument("--families", help="comma-separated subset (default: every family)")
+    ap.add_argument("--folds", type=int, help="hold out k groups of families instead of one family at a time")
+    ap.add_argument("--tokenizer", type=Path, help="student: the tokenizer.json of a training run")
+    ap.add_argument(
+        "--work", type=Path, default=Path(".cache/injection"), help="student: its pre-trained encoder"
+    )
+    ap.add_argument("--recipe", help="student: JSON of Recipe fields to change, e.g. '{\"distill\": 0}'")
     args = ap.parse_args()
     from classifiers.injection.baseline import TfidfBaseline
 
     rows = load(DATASETS / "train.jsonl")
-    dev = load(DATASETS / "dev.jsonl")
     t0 = time.perf_counter()
-    m = TfidfBaseline()
-    m.fit([r.text for r in rows], [r.label for r in rows])
-    dev_scores = m.score([r.text for r in dev])
-    tp = sum(1 for r, s in zip(dev, dev_scores, strict=True) if r.label and s >= 0.5)
-    fp = sum(1 for r, s in zip(dev, dev_scores, strict=True) if not r.label and s >= 0.5)
-    fn = sum(1 for r, s in zip(dev, dev_scores, strict=True) if r.label and s < 0.5)
-    print(f"dev (in-distribution, reference only): F1 {2 * tp / (2 * tp + fp + fn):.3f} at 0.5\n")
-    fams = args.families.split(",") if args.families else None
-    print(report(leave_one_source_out(rows, TfidfBaseline, families=fams)))
+    make: Callable[[], Model]
+    if args.model == "tfidf":
+        make = TfidfBaseline
+    elif args.model == "teacher":
+        from classifiers.injection.teacher import Embedder, Teacher
+
+        embedder = Embedder(args.work / "minilm-embeddings.npz")
+        make = lambda: Teacher(embedder)  # noqa: E731 - a factory
+    else:
+        make = _student_factory(args)
+    if args.folds:
+        groups = grouped_folds(rows, args.folds)
+        print("folds: " + " | ".join(", ".join(sorted(g)) for g in groups) + "\n")
+        results = held_out_runs(rows, make, groups)
+    else:
+        fams = args.families.split(",") if args.families else None
+        results = leave_one_source_out(rows, make, families=fams)
+    print(report(results))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 

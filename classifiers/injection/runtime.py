@@ -122,6 +122,14 @@ class InjectionModel:
                 return int(i)
         return None
 
+    def tokens(self, text: str) -> int:
+        """How many tokens `text` is, without the specials."""
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def run_windows(self, windows: list[list[int]]) -> list[float]:
+        """Score token windows in one session call (benchmarks: batching)."""
+        return self._run(windows)
+
     def windows(self, text: str) -> list[list[int]]:
         """Token windows of the model's length: the first `max_windows - 1` and the last one."""
         ids = self._tok.encode(text, add_special_tokens=False).ids

@@ -1,7 +1,8 @@
 """Prompt-injection screening through the real gateway, with the openai SDK as the client.
 
-The model is the hand-built bag-of-words ONNX graph of tests/injection_model.py (no trained model
-ships yet); what is tested is the gateway: a flagged prompt gets the policy's deny in OpenAI's
+The model is the hand-built bag-of-words ONNX graph of tests/injection_model.py, so the test decides
+exactly what is flagged (the shipped model is exercised in tests/e2e/test_injection_e2e.py); what is
+tested here is the gateway: a flagged prompt gets the policy's deny in OpenAI's
 error shape and never reaches the upstream, a benign one passes.
 """
 

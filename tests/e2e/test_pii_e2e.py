@@ -95,6 +95,9 @@ def strict(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """A second gateway on the same real upstreams whose policy also redacts prompts."""
     tmp = Path(tmp_path_factory.mktemp("pii-strict"))
     policy = yaml.safe_load(Path("policies/default.yaml").read_text())
+    # PII only: short prompts that are mostly an ID number are a known false positive of the
+    # injection model (classifiers/injection/model/MODEL_CARD.md), which is not under test here.
+    policy["chain"] = [e for e in policy["chain"] if e["filter"] != "prompt_injection"]
     for entry in policy["chain"]:
         if entry["filter"] == "pii":
             entry["request"] = True

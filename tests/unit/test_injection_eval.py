@@ -13,8 +13,8 @@ class Keyword:
 
     seen: list[set[str]] = []  # noqa: RUF012 - shared on purpose: the test reads what every instance saw
 
-    def fit(self, texts: Sequence[str], labels: Sequence[int]) -> None:
-        Keyword.seen.append(set(texts))
+    def fit(self, rows: Sequence[Row]) -> None:
+        Keyword.seen.append({r.text for r in rows})
 
     def score(self, texts: Sequence[str]) -> list[float]:
         return [1.0 if "ignore" in t else 0.0 for t in texts]
