@@ -188,6 +188,7 @@ def main() -> None:
     ap.add_argument("--model", default="tfidf", choices=["tfidf", "teacher", "student"])
     ap.add_argument("--families", help="comma-separated subset (default: every family)")
     ap.add_argument("--folds", type=int, help="hold out k groups of families instead of one family at a time")
+    ap.add_argument("--only-fold", type=int, help="with --folds: run only this fold (1-based; ablations)")
     ap.add_argument("--tokenizer", type=Path, help="student: the tokenizer.json of a training run")
     ap.add_argument(
         "--work", type=Path, default=Path(".cache/injection"), help="student: its pre-trained encoder"
@@ -211,7 +212,7 @@ def main() -> None:
     if args.folds:
         groups = grouped_folds(rows, args.folds)
         print("folds: " + " | ".join(", ".join(sorted(g)) for g in groups) + "\n")
-        results = held_out_runs(rows, make, groups)
+        results = held_out_runs(rows, make, groups[args.only_fold - 1 :][:1] if args.only_fold else groups)
     else:
         fams = args.families.split(",") if args.families else None
         results = leave_one_source_out(rows, make, families=fams)

@@ -272,8 +272,10 @@ class Student:
         self.log(f"  teacher scored {len(wins)} windows ({time.time() - t0:.0f} s)")
         row_w = _weights(rows)
         per_row = Counter(i for _, _, i in wins)
+        # Without a teacher (distill 0) a window from inside a long attack keeps its row's label.
+        inside = 1.0 if not r.distill else None
         targets = [
-            (w, t if label is None else (1 - r.distill) * label + r.distill * t)
+            (w, (inside or t) if label is None else (1 - r.distill) * label + r.distill * t)
             for (w, label, _), t in zip(wins, soft, strict=True)
         ]
         return targets, [row_w[i] / per_row[i] for _, _, i in wins]
