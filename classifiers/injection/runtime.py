@@ -59,6 +59,17 @@ class Manifest:
             raise ModelError(f"{path}: not a usable manifest ({type(exc).__name__}: {exc})") from None
 
 
+def cut_windows(ids: Sequence[int], body: int, cap: int) -> list[list[int]]:
+    """`ids` in chunks of `body` tokens; past `cap` chunks, the first `cap - 1` and the last one.
+
+    Training cuts its scoring windows with this too, so a model is read as it was evaluated.
+    """
+    chunks = [list(ids[i : i + body]) for i in range(0, max(len(ids), 1), body)] or [[]]
+    if len(chunks) > cap:
+        chunks = [*chunks[: cap - 1], list(ids[-body:])]
+    return chunks
+
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file."""
     h = hashlib.sha256()
@@ -126,22 +137,16 @@ class InjectionModel:
         """How many tokens `text` is, without the specials."""
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def run_windows(self, windows: list[list[int]]) -> list[float]:
-        """Score token windows in one session call (benchmarks: batching)."""
-        return self._run(windows)
-
     def windows(self, text: str) -> list[list[int]]:
         """Token windows of the model's length: the first `max_windows - 1` and the last one."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
         body = self.manifest.max_length - (self._bos is not None) - (self._eos is not None)
-        chunks = [ids[i : i + body] for i in range(0, max(len(ids), 1), body)] or [[]]
-        if len(chunks) > self.max_windows:
-            chunks = [*chunks[: self.max_windows - 1], ids[-body:]]
         head = [self._bos] if self._bos is not None else []
         tail = [self._eos] if self._eos is not None else []
-        return [head + c + tail for c in chunks]
+        return [head + c + tail for c in cut_windows(ids, body, self.max_windows)]
 
-    def _run(self, windows: list[list[int]]) -> list[float]:
+    def run_windows(self, windows: list[list[int]]) -> list[float]:
+        """Score token windows in one session call."""
         import numpy as np
 
         width = max(len(w) for w in windows)
@@ -174,7 +179,7 @@ class InjectionModel:
                 self._cache.move_to_end(key)
                 self.cache_hits += 1
                 return self._cache[key]
-        value = max(self._run(self.windows(text)))
+        value = max(self.run_windows(self.windows(text)))
         with self._lock:
             self._cache[key] = value
             if len(self._cache) > self._cache_size:

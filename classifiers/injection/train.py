@@ -42,6 +42,7 @@ from typing import Any
 from classifiers.injection import augment, tokenizer
 from classifiers.injection.data import DATASETS, Row, load
 from classifiers.injection.evaluate import threshold_at_fpr
+from classifiers.injection.runtime import cut_windows
 from classifiers.injection.teacher import Embedder, Teacher
 
 # The shipped architecture: chosen by latency on this 2-core machine (docs/injection.md): two
@@ -118,10 +119,7 @@ class Windows:
         return [(self.wrap(ids[s : s + self.body]), False) for s in sorted(starts)]
 
     def for_scoring(self, ids: Sequence[int], cap: int = 8) -> list[list[int]]:
-        chunks = [list(ids[i : i + self.body]) for i in range(0, max(len(ids), 1), self.body)] or [[]]
-        if len(chunks) > cap:
-            chunks = [*chunks[: cap - 1], list(ids[-self.body :])]
-        return [self.wrap(c) for c in chunks]
+        return [self.wrap(c) for c in cut_windows(ids, self.body, cap)]
 
 
 def _batches(
