@@ -15,9 +15,11 @@ Both draw only on the rows they are given, so a family held out of training neve
 
 from __future__ import annotations
 
+import base64
 import random
 from collections.abc import Sequence
 
+from classifiers.injection import phrases
 from classifiers.injection.data import Row
 
 # Benign requests that contain attack vocabulary. {x} slots take a topic from TOPICS.
@@ -162,3 +164,169 @@ def embedded_attacks(rows: Sequence[Row], n: int, seed: int = 0) -> list[Row]:
         )
         out.append(Row(text.strip(), 1, f"augment:embedded:{where}"))
     return out
+
+
+# --- composed framings (phrases.py) -------------------------------------------------------------
+def _slots(rng: random.Random, zh: bool) -> dict[str, str]:
+    return {
+        "name": rng.choice(phrases.NAMES),
+        "brand": rng.choice(phrases.BRANDS),
+        "domain": rng.choice(phrases.DOMAINS),
+        "email": rng.choice(phrases.EMAILS),
+        "acct": f"{rng.randint(10**9, 10**10 - 1)}",
+        "code": f"{rng.choice('ABCDEFXZ')}{rng.randint(1000, 99999)}",
+        "role": rng.choice(phrases.ROLES_ZH if zh else phrases.ROLES_EN),
+        "place": rng.choice(phrases.PLACES_ZH if zh else phrases.PLACES_EN),
+        "topic": rng.choice(TOPICS_ZH if zh else TOPICS_EN),
+        "lang": rng.choice(phrases.LANGS_ZH if zh else phrases.LANGS_EN),
+    }
+
+
+def _compose(rng: random.Random, template: str, zh: bool, **given: str) -> str:
+    slots = _slots(rng, zh) | given
+    # Goals and tasks carry slots of their own; fill them first.
+    for key in ("goal", "task"):
+        if key in slots:
+            slots[key] = slots[key].format(**slots)
+    text = template.format(**slots)
+    return text.replace("。。", "。").replace("..", ".")
+
+
+def _goal(rng: random.Random, zh: bool, harmful: float) -> str:
+    if rng.random() < harmful:
+        return rng.choice(phrases.HARM_ZH if zh else phrases.HARM_EN)
+    return rng.choice(phrases.HIJACK_ZH if zh else phrases.HIJACK_EN)
+
+
+def _benign_lead(rng: random.Random, zh: bool) -> str:
+    """An ordinary request an attack rides on ("Translate this: ignore previous instructions…")."""
+    task = rng.choice(phrases.TASKS_ZH if zh else phrases.TASKS_EN)
+    return _compose(rng, task, zh)
+
+
+def composed_attacks(n: int, seed: int = 0) -> list[Row]:
+    """`n` attacks, half English half Chinese, each one framing from `phrases.py` with a goal.
+
+    Styles: overriding instructions (with a hijack or harmful goal), unrestricted personas and
+    fiction wrappers (harmful goals), claimed authority, prompt extraction, and a payload split or
+    encoded so the words never appear together. A third ride on an ordinary request.
+    """
+    rng = random.Random(seed)  # noqa: S311 - reproducible augmentation, not a secret
+    out: dict[str, Row] = {}
+    for i in range(20 * n):
+        if len(out) == n:
+            break
+        zh = i % 2 == 1
+        style = rng.choice(("override", "override", "persona", "persona", "authority", "extract", "split"))
+        if style == "override":
+            t = rng.choice(phrases.OVERRIDE_ZH if zh else phrases.OVERRIDE_EN)
+            text = _compose(rng, t, zh, goal=_goal(rng, zh, 0.3))
+        elif style == "persona":
+            t = rng.choice(phrases.PERSONA_ZH if zh else phrases.PERSONA_EN)
+            text = _compose(rng, t, zh, goal=_goal(rng, zh, 0.85))
+        elif style == "authority":
+            t = rng.choice(phrases.AUTHORITY_ZH if zh else phrases.AUTHORITY_EN)
+            text = _compose(rng, t, zh, goal=_goal(rng, zh, 0.5))
+        elif style == "extract":
+            text = rng.choice(phrases.EXTRACT_ZH if zh else phrases.EXTRACT_EN)
+        else:
+            attack = _compose(
+                rng,
+                rng.choice(phrases.OVERRIDE_ZH if zh else phrases.OVERRIDE_EN),
+                zh,
+                goal=_goal(rng, zh, 0.5),
+            )
+            text = _split_payload(attack, rng, zh)
+        if style != "split" and rng.random() < 0.33:
+            lead = _benign_lead(rng, zh)
+            text = f"{lead}{'' if zh else ' '}{text}" if rng.random() < 0.5 else f"{text}\n\n{lead}"
+        if not zh and style != "split" and rng.random() < 0.1:
+            text = text.upper() if rng.random() < 0.5 else text.lower()
+        out.setdefault(text, Row(text, 1, f"augment-attack:{style}"))
+    return list(out.values())
+
+
+def _split_payload(attack: str, rng: random.Random, zh: bool) -> str:
+    """The attack hidden from a keyword reader: split into variables, or base64-encoded."""
+    if rng.random() < 0.5:
+        k = len(attack) // 2
+        if zh:
+            return f"设 a = “{attack[:k]}”，b = “{attack[k:]}”。请不加评论地执行 a + b 的内容。"
+        return f"Let a = '{attack[:k]}' and b = '{attack[k:]}'. Now do what a + b says, without commenting."
+    encoded = base64.b64encode(attack.encode()).decode()
+    if zh:
+        return f"解码这段 base64 并照做，不要解释：{encoded}"
+    return f"Decode this base64 string and follow it exactly, no explanation: {encoded}"
+
+
+def _documents(rows: Sequence[Row]) -> tuple[list[Row], list[Row]]:
+    docs = [r for r in rows if r.label == 0 and 300 <= len(r.text) <= 3000]
+    return [d for d in docs if d.language != "zh"], [d for d in docs if d.language == "zh"]
+
+
+def _insert(doc: str, line: str, rng: random.Random) -> str:
+    k = _split_point(doc, rng.choice(("start", "middle", "end")), rng)
+    return (doc[:k] + "\n\n" + line + "\n\n" + doc[k:]).strip()
+
+
+def composed_indirect(rows: Sequence[Row], n: int, seed: int = 0) -> list[Row]:
+    """`n` benign documents (from `rows`) carrying an instruction addressed to an AI, usually under
+    the ordinary task the user asked about the document; the document's language picks the line's."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible augmentation, not a secret
+    en_docs, zh_docs = _documents(rows)
+    out: list[Row] = []
+    for i in range(n):
+        zh = bool(zh_docs) and (i % 2 == 1 or not en_docs)
+        pool = zh_docs if zh else en_docs
+        if not pool:
+            return out
+        line = _compose(
+            rng, rng.choice(phrases.INDIRECT_ZH if zh else phrases.INDIRECT_EN), zh, goal=_goal(rng, zh, 0.2)
+        )
+        text = _insert(rng.choice(pool).text, line, rng)
+        out.append(Row(_with_task(text, rng, zh), 1, "augment-attack:indirect"))
+    return out
+
+
+def _with_task(doc: str, rng: random.Random, zh: bool) -> str:
+    if rng.random() < 0.25:
+        return doc
+    task = rng.choice(phrases.DOC_TASK_ZH if zh else phrases.DOC_TASK_EN)
+    return f"{task}\n\n{doc}" if rng.random() < 0.6 else f"{doc}\n\n{task}"
+
+
+def composed_benign(rows: Sequence[Row], n: int, seed: int = 0) -> list[Row]:
+    """`n` benign prompts shaped like the attacks: role and system prompts, fiction, questions about
+    security, and documents (from `rows`) with an ordinary task or a note that sounds like an order."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible augmentation, not a secret
+    en_docs, zh_docs = _documents(rows)
+    out: dict[str, Row] = {}
+    for i in range(20 * n):
+        if len(out) == n:
+            break
+        zh = i % 2 == 1
+        style = rng.choice(("role", "role", "system", "security", "fiction", "document", "document", "note"))
+        docs = zh_docs if zh else en_docs
+        if style in ("document", "note") and not docs:
+            style = "role"
+        if style == "role":
+            task = rng.choice(phrases.TASKS_ZH if zh else phrases.TASKS_EN)
+            text = _compose(rng, rng.choice(phrases.ROLE_ZH if zh else phrases.ROLE_EN), zh, task=task)
+        elif style == "system":
+            text = _compose(rng, rng.choice(phrases.SYSTEM_ZH if zh else phrases.SYSTEM_EN), zh)
+        elif style == "security":
+            text = rng.choice(phrases.SECURITY_ZH if zh else phrases.SECURITY_EN)
+        elif style == "fiction":
+            text = rng.choice(phrases.FICTION_ZH if zh else phrases.FICTION_EN)
+        elif style == "document":
+            text = _with_task(rng.choice(docs).text, rng, zh)
+        else:
+            text = _with_task(
+                _insert(
+                    rng.choice(docs).text, rng.choice(phrases.DOC_NOTE_ZH if zh else phrases.DOC_NOTE_EN), rng
+                ),
+                rng,
+                zh,
+            )
+        out.setdefault(text, Row(text, 0, f"augment-benign:{style}"))
+    return list(out.values())

@@ -17,6 +17,7 @@ is the character n-gram + logistic-regression baseline.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import random
 import statistics
@@ -25,9 +26,12 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from classifiers.injection.data import DATASETS, Row, held_out_with, load
+
+if TYPE_CHECKING:
+    from classifiers.injection.train import Recipe
 
 
 class Model(Protocol):
@@ -58,6 +62,13 @@ class FamilyResult:
     caught: int = 0
     threshold: float = 0.0
     predictions: list[tuple[Row, float]] = field(default_factory=list)
+    calib_benign: list[float] = field(default_factory=list)  # the run's held-back benign scores, ascending
+
+    def rank(self, score: float) -> float:
+        """The share of the run's held-back (in-distribution) benign rows scoring at least `score`:
+        the in-distribution false-positive rate of a threshold at `score`."""
+        n = len(self.calib_benign)
+        return (n - bisect.bisect_left(self.calib_benign, score)) / n if n else 0.0
 
     @property
     def fpr(self) -> float | None:
@@ -113,10 +124,12 @@ def held_out_runs(
         calib, fit_rows = train[:cut], train[cut:]
         model = make()
         model.fit(fit_rows)
-        thr = threshold_at_fpr(model.score([r.text for r in calib]), [r.label for r in calib])
+        calib_scores = model.score([r.text for r in calib])
+        thr = threshold_at_fpr(calib_scores, [r.label for r in calib])
+        calib_benign = sorted(s for s, r in zip(calib_scores, calib, strict=True) if r.label == 0)
         for family in sorted(group):
             test = [r for r in rows if r.family == family]
-            res = FamilyResult(family, threshold=thr)
+            res = FamilyResult(family, threshold=thr, calib_benign=calib_benign)
             for r, s in zip(test, model.score([r.text for r in test]), strict=True):
                 res.predictions.append((r, s))
                 if r.label:
@@ -147,6 +160,60 @@ def by_language(results: Sequence[FamilyResult]) -> dict[str, tuple[float | None
     }
 
 
+@dataclass(frozen=True, slots=True)
+class OperatingPoint:
+    """Where to calibrate so that *unseen* benign sources are flagged at a target rate."""
+
+    calib_fpr: float  # the in-distribution false-positive rate to set the threshold at
+    macro_fpr: float  # held-out families, macro
+    macro_recall: float
+    by_language: dict[str, tuple[float | None, float | None]]  # pooled (fpr, recall)
+
+
+def unseen_operating_point(results: Sequence[FamilyResult], target: float = 0.05) -> OperatingPoint:
+    """The largest in-distribution FPR whose threshold flags at most `target` of held-out benign rows
+    (macro over families), and what it catches there.
+
+    Each run's scores are put on one scale by `rank` (in-distribution FPR), so runs with different
+    score scales pool. Training calibrates at an in-distribution rate; this says which rate meets
+    the target on sources the model never saw, the issue's operating point.
+    """
+    ranked = [(res, [(r, res.rank(s)) for r, s in res.predictions]) for res in results]
+
+    def at(u: float) -> tuple[float, float]:
+        fprs, recalls = [], []
+        for _, preds in ranked:
+            benign = [v for r, v in preds if r.label == 0]
+            attacks = [v for r, v in preds if r.label == 1]
+            if benign:
+                fprs.append(sum(v <= u for v in benign) / len(benign))
+            if attacks:
+                recalls.append(sum(v <= u for v in attacks) / len(attacks))
+        return statistics.mean(fprs) if fprs else 0.0, statistics.mean(recalls) if recalls else 0.0
+
+    candidates = sorted({v for _, preds in ranked for r, v in preds if r.label == 0} | {0.0})
+    lo, hi = 0, len(candidates) - 1
+    while lo < hi:  # the largest candidate whose macro FPR stays within the target
+        mid = (lo + hi + 1) // 2
+        if at(candidates[mid])[0] <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    u = candidates[lo]
+    fpr, recall = at(u)
+    acc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for _, preds in ranked:
+        for r, v in preds:
+            a = acc[r.language]
+            a[2 * r.label] += 1
+            a[2 * r.label + 1] += v <= u
+    langs = {
+        lang: (a[1] / a[0] if a[0] else None, a[3] / a[2] if a[2] else None)
+        for lang, a in sorted(acc.items())
+    }
+    return OperatingPoint(u, fpr, recall, langs)
+
+
 def _fmt(x: float | None) -> str:
     return "   -  " if x is None else f"{x:6.3f}"
 
@@ -167,17 +234,48 @@ def report(results: Sequence[FamilyResult]) -> str:
     lines.append(f"\n{'language':8} {'FPR':>6} {'recall':>6} {'rows':>6}")
     for lang, (fpr, rec, n) in by_language(results).items():
         lines.append(f"{lang:8} {_fmt(fpr)} {_fmt(rec)} {n:6d}")
+    op = unseen_operating_point(results)
+    lines.append(
+        f"\nunseen-source operating point: calibrate at in-distribution FPR {op.calib_fpr:.4f} -> "
+        f"held-out macro FPR {op.macro_fpr:.3f}, macro recall {op.macro_recall:.3f}; "
+        + ", ".join(
+            f"{lang} FPR {_fmt(f).strip()} recall {_fmt(r).strip()}"
+            for lang, (f, r) in op.by_language.items()
+        )
+    )
     return "\n".join(lines)
+
+
+class Augmented:
+    """A model fitted on the training rows plus the recipe's augmentations (the teacher as the
+    student sees it: a quick way to measure what an augmentation buys)."""
+
+    def __init__(self, inner: Model, recipe: Recipe) -> None:
+        self.inner, self.recipe = inner, recipe
+
+    def fit(self, rows: Sequence[Row]) -> None:
+        from classifiers.injection.train import augmented
+
+        self.inner.fit(augmented(rows, self.recipe))
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        return self.inner.score(texts)
+
+
+def _recipe(args: argparse.Namespace) -> Recipe:
+    from classifiers.injection.train import Recipe
+
+    return Recipe(**json.loads(args.recipe)) if args.recipe else Recipe()
 
 
 def _student_factory(args: argparse.Namespace) -> Callable[[], Model]:
     from tokenizers import Tokenizer
 
     from classifiers.injection.teacher import Embedder
-    from classifiers.injection.train import Recipe, Student
+    from classifiers.injection.train import Student
 
     tok = Tokenizer.from_file(str(args.tokenizer))
-    recipe = Recipe(**json.loads(args.recipe)) if args.recipe else Recipe()
+    recipe = _recipe(args)
     embedder = Embedder(args.work / "minilm-embeddings.npz")
     encoder = args.work / f"mlm-{recipe.seed}"
     return lambda: Student(tok, recipe, encoder=encoder, embedder=embedder)
@@ -193,7 +291,14 @@ def main() -> None:
     ap.add_argument(
         "--work", type=Path, default=Path(".cache/injection"), help="student: its pre-trained encoder"
     )
-    ap.add_argument("--recipe", help="student: JSON of Recipe fields to change, e.g. '{\"distill\": 0}'")
+    ap.add_argument(
+        "--augment",
+        action="store_true",
+        help="tfidf, teacher: fit on the rows plus the recipe's augmentations",
+    )
+    ap.add_argument(
+        "--recipe", help="student, --augment: JSON of Recipe fields to change, e.g. '{\"distill\": 0}'"
+    )
     args = ap.parse_args()
     from classifiers.injection.baseline import TfidfBaseline
 
@@ -209,6 +314,9 @@ def main() -> None:
         make = lambda: Teacher(embedder)  # noqa: E731 - a factory
     else:
         make = _student_factory(args)
+    if args.augment:
+        inner, recipe = make, _recipe(args)
+        make = lambda: Augmented(inner(), recipe)  # noqa: E731 - a factory
     if args.folds:
         groups = grouped_folds(rows, args.folds)
         print("folds: " + " | ".join(", ".join(sorted(g)) for g in groups) + "\n")

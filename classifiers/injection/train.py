@@ -5,7 +5,8 @@ loads (`manifest.json` pinning `model.onnx` and `tokenizer.json` by sha256), on 
 
 1. **tokenizer**: byte-level BPE trained on the pool (`tokenizer.py`), Chinese included;
 2. **augmentations** (`augment.py`): attacks embedded in benign documents, benign prompts that use
-   attack vocabulary;
+   attack vocabulary, attack framings composed from hand-written phrase banks (`phrases.py`), and
+   their benign look-alikes (role and system prompts, documents with ordinary tasks);
 3. **masked-LM pre-training** of the small RoBERTa on every training text (labels unused), so it
    learns the languages before it learns the labels;
 4. **teacher** (`teacher.py`): character TF-IDF + frozen MiniLM embeddings, each with logistic
@@ -26,6 +27,7 @@ with the pre-trained encoder of step 3 reused across folds. Needs `deploy/requir
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import json
 import math
@@ -33,7 +35,7 @@ import os
 import random
 import shutil
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +69,10 @@ class Recipe:
     crops: int = 2  # random windows per long text, besides its first and last
     embedded: int = 1500  # augmentation: attacks inside benign documents
     trigger: int = 600  # augmentation: benign prompts with attack vocabulary
+    composed: int = 1200  # augmentation: attack framings x goals (phrases.py), en + zh
+    indirect: int = 600  # augmentation: instructions to an AI inside benign documents
+    benign: int = 1500  # augmentation: role/system prompts, documents with ordinary tasks
+    length_balance: bool = False  # reweight both classes to one length distribution
     calib_fpr: float = 0.02  # threshold: flags this share of the held-back benign rows
     pretrained: bool = True  # start from the masked-LM encoder (False: from random weights)
 
@@ -226,16 +232,51 @@ def pretrain(tok: Any, texts: Sequence[str], recipe: Recipe, out: Path, log: Any
     return out
 
 
-def _weights(rows: Sequence[Row]) -> list[float]:
+LENGTH_BUCKETS = (60, 150, 400, 1000, 3000)  # characters
+
+
+def _length_bucket(text: str) -> int:
+    return bisect.bisect_right(LENGTH_BUCKETS, len(text))
+
+
+def _weights(rows: Sequence[Row], *, length_balance: bool = False) -> list[float]:
     """Family-balanced sampling weights, each class half of the mass.
 
     A row's weight is 1/sqrt(size of its (family, label) group): large families still count more
-    than small ones, but a 4,000-row family no longer drowns a 100-row one.
+    than small ones, but a 4,000-row family no longer drowns a 100-row one. With `length_balance`
+    both classes are reweighted to one length distribution (the mean of theirs), so text length
+    alone says nothing about the label (in the pool, texts over 1,000 characters are 25% of the
+    attacks and 8% of the benign rows).
     """
     groups = Counter((r.family, r.label) for r in rows)
     raw = [1 / math.sqrt(groups[(r.family, r.label)]) for r in rows]
+    if length_balance:
+        mass: dict[tuple[int, int], float] = defaultdict(float)
+        for w, r in zip(raw, rows, strict=True):
+            mass[(r.label, _length_bucket(r.text))] += w
+        per_label = {y: sum(v for (lab, _), v in mass.items() if lab == y) or 1.0 for y in (0, 1)}
+        share = {k: v / per_label[k[0]] for k, v in mass.items()}
+        target = {
+            b: (share.get((0, b), 0.0) + share.get((1, b), 0.0)) / 2 for b in range(len(LENGTH_BUCKETS) + 1)
+        }
+        raw = [
+            w * target[_length_bucket(r.text)] / share[(r.label, _length_bucket(r.text))]
+            for w, r in zip(raw, rows, strict=True)
+        ]
     total = {y: sum(w for w, r in zip(raw, rows, strict=True) if r.label == y) for y in (0, 1)}
     return [w / total[r.label] / 2 if total[r.label] else 0.0 for w, r in zip(raw, rows, strict=True)]
+
+
+def augmented(rows: Sequence[Row], r: Recipe) -> list[Row]:
+    """The training rows and every augmentation the recipe asks for (drawn only from `rows`)."""
+    return [
+        *rows,
+        *augment.embedded_attacks(rows, r.embedded, r.seed),
+        *augment.trigger_word_benign(r.trigger, r.seed),
+        *augment.composed_attacks(r.composed, r.seed),
+        *augment.composed_indirect(rows, r.indirect, r.seed),
+        *augment.composed_benign(rows, r.benign, r.seed),
+    ]
 
 
 class Student:
@@ -268,7 +309,7 @@ class Student:
             teacher.score([self.tok.decode(w[1:-1]) for w, _, _ in wins]) if r.distill else [0.0] * len(wins)
         )
         self.log(f"  teacher scored {len(wins)} windows ({time.time() - t0:.0f} s)")
-        row_w = _weights(rows)
+        row_w = _weights(rows, length_balance=r.length_balance)
         per_row = Counter(i for _, _, i in wins)
         # Without a teacher (distill 0) a window from inside a long attack keeps its row's label.
         inside = 1.0 if not r.distill else None
@@ -285,11 +326,7 @@ class Student:
         r = self.recipe
         torch.manual_seed(r.seed)
         rng = random.Random(r.seed)  # noqa: S311 - reproducible training, not a secret
-        rows = [
-            *rows,
-            *augment.embedded_attacks(rows, r.embedded, r.seed),
-            *augment.trigger_word_benign(r.trigger, r.seed),
-        ]
+        rows = augmented(rows, r)
         wins, sample_w = self._windows(rows, rng)
         if r.pretrained and self.encoder is not None:
             model = RobertaForSequenceClassification.from_pretrained(self.encoder, num_labels=2)

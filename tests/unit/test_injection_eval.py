@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from classifiers.injection.data import Row, held_out_with
-from classifiers.injection.evaluate import by_language, leave_one_source_out, report, threshold_at_fpr
+from classifiers.injection.evaluate import (
+    FamilyResult,
+    by_language,
+    leave_one_source_out,
+    report,
+    threshold_at_fpr,
+    unseen_operating_point,
+)
 
 
 class Keyword:
@@ -61,4 +70,23 @@ def test_language_and_report_tables() -> None:
     langs = by_language(results)
     assert set(langs) == {"en", "zh"} and langs["zh"][1] == 1.0
     text = report(results)
-    assert "macro over families" in text and "CrossWOZ" in text
+    assert "macro over families" in text and "CrossWOZ" in text and "unseen-source operating point" in text
+
+
+def test_unseen_operating_point_meets_the_target_on_held_out_benign_and_reports_the_calibration() -> None:
+    calib = sorted(i / 100 for i in range(100))  # in-distribution benign: rank(s) = 1 - s
+    benign = FamilyResult("BELLE", calib_benign=calib)
+    benign.predictions = [(Row(f"b{i}", 0, "BELLE:x"), i / 20) for i in range(20)]  # 0.00 .. 0.95
+    attacks = FamilyResult("HiveTraceRed", calib_benign=calib)
+    attacks.predictions = [
+        (Row(f"a{i}", 1, "HiveTraceRed:x"), 0.5 + i / 20) for i in range(10)
+    ]  # 0.5 .. 0.95
+    assert benign.rank(0.95) == pytest.approx(0.05) and benign.rank(2.0) == 0.0
+    op = unseen_operating_point([benign, attacks], target=0.05)
+    # One of 20 held-out benign rows may be flagged: the one at 0.95, i.e. in-distribution FPR 0.05.
+    assert op.calib_fpr == pytest.approx(0.05) and op.macro_fpr == pytest.approx(0.05)
+    assert op.macro_recall == pytest.approx(0.1)  # only the attack at 0.95 clears that threshold
+    op = unseen_operating_point([benign, attacks], target=0.25)
+    assert op.macro_fpr == pytest.approx(0.25) and op.macro_recall == pytest.approx(0.5)
+    fpr, recall = op.by_language["en"]
+    assert fpr == pytest.approx(0.25) and recall == pytest.approx(0.5)

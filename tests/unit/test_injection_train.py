@@ -47,6 +47,45 @@ def test_embedded_attacks_put_one_given_attack_inside_one_given_document() -> No
     assert augment.embedded_attacks(DOCS, 10) == []
 
 
+ZH_DOCS = [Row("北京是中华人民共和国的首都，位于华北平原北部。" * 20, 0, "CMRC2018:doc") for _ in range(3)]
+
+
+def test_composed_attacks_are_distinct_bilingual_attacks_in_every_style() -> None:
+    out = augment.composed_attacks(300, seed=2)
+    assert out == augment.composed_attacks(300, seed=2)
+    assert len({r.text for r in out}) == 300 and {r.label for r in out} == {1}
+    assert {r.source for r in out} == {f"augment-attack:{s}" for s in
+                                       ("override", "persona", "authority", "extract", "split")}  # fmt: skip
+    langs = Counter(r.language for r in out)
+    assert langs["en"] > 100 and langs["zh"] > 100
+    assert not any("{" in r.text or "}" in r.text for r in out)  # every slot filled
+    # A split payload never carries the whole attack in plain words.
+    for r in out:
+        if r.source.endswith("split") and "base64" not in r.text:
+            a, b = r.text.split("b = ", 1)
+            assert ("a = " in a) and b
+
+
+def test_composed_indirect_puts_an_instruction_to_an_ai_inside_a_document_of_its_language() -> None:
+    out = augment.composed_indirect([*DOCS, *ZH_DOCS], 40, seed=0)
+    assert len(out) == 40 and {r.label for r in out} == {1}
+    for r in out:
+        host = DOCS if r.language == "en" else ZH_DOCS
+        assert host[0].text.split()[0][:4] in r.text
+        assert len(r.text) > len(host[0].text)
+    assert {r.language for r in out} == {"en", "zh"}
+    assert augment.composed_indirect([*ATTACKS], 5) == []  # no documents: nothing made
+
+
+def test_composed_benign_mirrors_attack_shapes_without_attacks() -> None:
+    out = augment.composed_benign([*DOCS, *ZH_DOCS, *ATTACKS], 80, seed=0)
+    assert len(out) == 80 and {r.label for r in out} == {0}
+    styles = {r.source.split(":")[1] for r in out}
+    assert styles >= {"role", "system", "document", "note"}
+    assert not any(a.text in r.text for r in out for a in ATTACKS)  # documents come from benign rows only
+    assert {r.language for r in out} == {"en", "zh"}
+
+
 def test_windows_cover_short_texts_whole_and_long_texts_at_both_ends() -> None:
     tok = train_tokenizer([d.text for d in DOCS] + [a.text for a in ATTACKS] + ["你好世界"] * 5, 400, 1)
     win = Windows(tok, 32)
@@ -79,3 +118,13 @@ def test_grouped_folds_keep_relatives_together_and_cover_every_family_once() -> 
     for g in folds:
         for f in g:
             assert held_out_with(f) & {r.family for r in rows} <= g
+
+
+def test_length_balance_gives_both_classes_one_length_distribution() -> None:
+    rows = [Row("short", 0, "a:x")] * 30 + [Row("x" * 2000, 0, "a:x")] * 10
+    rows += [Row("short", 1, "b:x")] * 10 + [Row("x" * 2000, 1, "b:x")] * 30
+    w = _weights(rows, length_balance=True)
+    long_benign, long_attack = sum(w[30:40]), sum(w[50:80])
+    assert long_benign == pytest.approx(long_attack) == pytest.approx(0.25)  # each class: half long
+    assert sum(w[:40]) == pytest.approx(0.5) and sum(w[40:]) == pytest.approx(0.5)
+    assert _weights(rows) == _weights(rows, length_balance=False)
