@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import os
 import random
 import statistics
 import time
@@ -228,8 +229,10 @@ def report(results: Sequence[FamilyResult]) -> str:
     benign = [res.fpr for res in results if res.fpr is not None]
     attacks = [res.recall for res in results if res.recall is not None]
     lines.append(
-        f"macro over families: FPR {statistics.mean(benign):.3f} (worst {max(benign):.3f}), "
-        f"recall {statistics.mean(attacks):.3f} (worst {min(attacks):.3f})"
+        f"macro over families: FPR {_fmt(statistics.mean(benign) if benign else None).strip()} "
+        f"(worst {_fmt(max(benign, default=None)).strip()}), "
+        f"recall {_fmt(statistics.mean(attacks) if attacks else None).strip()} "
+        f"(worst {_fmt(min(attacks, default=None)).strip()})"
     )
     lines.append(f"\n{'language':8} {'FPR':>6} {'recall':>6} {'rows':>6}")
     for lang, (fpr, rec, n) in by_language(results).items():
@@ -281,11 +284,49 @@ def _student_factory(args: argparse.Namespace) -> Callable[[], Model]:
     return lambda: Student(tok, recipe, encoder=encoder, embedder=embedder)
 
 
+_FORKED: tuple[Sequence[Row], Callable[[], Model], Sequence[set[str]], int] | None = None
+
+
+def _one_group(i: int) -> list[FamilyResult]:
+    assert _FORKED is not None  # set before the pool forks  # noqa: S101
+    rows, make, groups, threads = _FORKED
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+    except ImportError:
+        pass
+    return held_out_runs(rows, make, [groups[i]])
+
+
+def _parallel(
+    rows: Sequence[Row],
+    make: Callable[[], Model],
+    groups: Sequence[set[str]],
+    jobs: int,
+    log: Callable[[str], None] = print,
+) -> list[FamilyResult]:
+    """`held_out_runs` with the groups spread over `jobs` forked processes (the CPUs shared)."""
+    global _FORKED  # noqa: PLW0603 - handed to the forked children, never changed after
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    _FORKED = (rows, make, groups, max(1, (os.cpu_count() or 1) // jobs))
+    out: list[FamilyResult] = []
+    with ProcessPoolExecutor(jobs, mp_context=get_context("fork")) as pool:
+        for done in as_completed([pool.submit(_one_group, i) for i in range(len(groups))]):
+            part = done.result()
+            out += part
+            log(f"fold done ({', '.join(r.family for r in part)}):\n{report(part)}\n")
+    return sorted(out, key=lambda res: res.family)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tfidf", choices=["tfidf", "teacher", "student"])
     ap.add_argument("--families", help="comma-separated subset (default: every family)")
     ap.add_argument("--folds", type=int, help="hold out k groups of families instead of one family at a time")
+    ap.add_argument("--jobs", type=int, default=1, help="with --folds: run folds in this many processes")
     ap.add_argument("--only-fold", type=int, help="with --folds: run only this fold (1-based; ablations)")
     ap.add_argument("--tokenizer", type=Path, help="student: the tokenizer.json of a training run")
     ap.add_argument(
@@ -320,7 +361,10 @@ def main() -> None:
     if args.folds:
         groups = grouped_folds(rows, args.folds)
         print("folds: " + " | ".join(", ".join(sorted(g)) for g in groups) + "\n")
-        results = held_out_runs(rows, make, groups[args.only_fold - 1 :][:1] if args.only_fold else groups)
+        chosen = groups[args.only_fold - 1 :][:1] if args.only_fold else groups
+        results = (
+            _parallel(rows, make, chosen, args.jobs) if args.jobs > 1 else held_out_runs(rows, make, chosen)
+        )
     else:
         fams = args.families.split(",") if args.families else None
         results = leave_one_source_out(rows, make, families=fams)

@@ -14,6 +14,7 @@ leave-one-source-out fold reuses them.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,8 @@ class Embedder:
             self._cache.update(zip([k for k, _ in todo], vectors, strict=True))
             if self._cache_path is not None:
                 self._cache_path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self._cache_path.with_suffix(".tmp.npz")
+                # One temporary file per process: evaluation folds may run in parallel.
+                tmp = self._cache_path.with_suffix(f".{os.getpid()}.tmp.npz")
                 self._np.savez(
                     tmp,
                     keys=self._np.array(list(self._cache)),

@@ -508,6 +508,11 @@ def _args() -> tuple[argparse.Namespace, Recipe]:
         "--work", type=Path, default=Path(".cache/injection"), help="pre-trained encoder, embeddings"
     )
     ap.add_argument("--limit", type=int, help="train on this many rows only (a smoke run)")
+    ap.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="keep the model in OUT, set only its threshold (--calib-fpr) and dev figures anew",
+    )
     for name, value in dataclasses.asdict(Recipe()).items():
         kind = int if isinstance(value, bool) else type(value)
         ap.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
@@ -517,6 +522,31 @@ def _args() -> tuple[argparse.Namespace, Recipe]:
         **{f.name: type(getattr(defaults, f.name))(getattr(args, f.name)) for f in dataclasses.fields(Recipe)}
     )
     return args, recipe
+
+
+def _split(rows: Sequence[Row], recipe: Recipe) -> tuple[list[Row], list[Row]]:
+    """(calibration, training): a seeded tenth of the rows is held back to set the threshold."""
+    rng = random.Random(recipe.seed)  # noqa: S311 - reproducible split, not a secret
+    shuffled = list(rows)
+    rng.shuffle(shuffled)
+    return shuffled[: len(rows) // 10], shuffled[len(rows) // 10 :]
+
+
+def calibrate(out: Path, recipe: Recipe, calib: Sequence[Row], dev: Sequence[Row]) -> dict[str, Any]:
+    """Threshold and dev figures from the exported artifact itself, read as the gateway reads it;
+    writes `manifest.json`. Returns the manifest and the dev figures."""
+    from classifiers.injection.runtime import InjectionModel, Manifest
+
+    _write_manifest(out, recipe, 0.5)
+    shipped = InjectionModel(Manifest.load(out / "manifest.json"), cache_size=0)
+    calib_scores = [shipped.score(r.text) for r in calib]
+    threshold = threshold_at_fpr(calib_scores, [r.label for r in calib], recipe.calib_fpr)
+    manifest = _write_manifest(out, recipe, threshold)
+    metrics = _dev_metrics([shipped.score(r.text) for r in dev], dev, round(threshold, 4))
+    print(
+        f"threshold {threshold:.4f} (flags {recipe.calib_fpr:.2%} of held-back benign); dev: {json.dumps(metrics)}"
+    )
+    return {"manifest": manifest, "dev": metrics}
 
 
 def main() -> None:
@@ -529,6 +559,16 @@ def main() -> None:
     if args.limit:
         rows = random.Random(recipe.seed).sample(rows, args.limit)  # noqa: S311 - a smoke run
         dev = dev[: args.limit // 4]
+    calib, fit_rows = _split(rows, recipe)
+    if args.recalibrate:
+        # A new operating point for the model already in OUT: training does not depend on
+        # calib_fpr, so this equals a full run with the same recipe (same model bytes).
+        metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+        done = calibrate(out, recipe, calib, dev)
+        metrics |= {"revision": done["manifest"]["revision"], "dev": done["dev"]}
+        metrics["recipe"] |= {"calib_fpr": recipe.calib_fpr}
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        return
     timings: dict[str, float] = {}
 
     t = time.time()
@@ -536,11 +576,6 @@ def main() -> None:
     tok.save(str(out / "tokenizer.json"))
     timings["tokenizer_s"] = time.time() - t
     print(f"tokenizer: {tok.get_vocab_size()} tokens ({timings['tokenizer_s']:.0f} s)")
-
-    rng = random.Random(recipe.seed)  # noqa: S311 - reproducible split, not a secret
-    shuffled = rows[:]
-    rng.shuffle(shuffled)
-    calib, fit_rows = shuffled[: len(rows) // 10], shuffled[len(rows) // 10 :]
 
     encoder = None
     if recipe.pretrained:
@@ -561,26 +596,15 @@ def main() -> None:
     check = export(student, out, dev)
     timings["export_s"] = time.time() - t
     shutil.rmtree(out / "_export")
-    # Threshold and dev figures come from the shipped artifact itself, read as the gateway reads it.
-    from classifiers.injection.runtime import InjectionModel, Manifest
-
-    _write_manifest(out, recipe, 0.5)
-    shipped = InjectionModel(Manifest.load(out / "manifest.json"), cache_size=0)
-    calib_scores = [shipped.score(r.text) for r in calib]
-    threshold = threshold_at_fpr(calib_scores, [r.label for r in calib], recipe.calib_fpr)
-    manifest = _write_manifest(out, recipe, threshold)
-    metrics = _dev_metrics([shipped.score(r.text) for r in dev], dev, round(threshold, 4))
-    print(
-        f"threshold {threshold:.4f} (flags {recipe.calib_fpr:.0%} of held-back benign); dev: {json.dumps(metrics)}"
-    )
+    done = calibrate(out, recipe, calib, dev)
     timings["total_s"] = time.time() - started
     (out / "metrics.json").write_text(
         json.dumps(
             {
-                "revision": manifest["revision"],
+                "revision": done["manifest"]["revision"],
                 "recipe": dataclasses.asdict(recipe),
                 "arch": ARCH,
-                "dev": metrics,
+                "dev": done["dev"],
                 "export": check,
                 "timings": timings,
                 "rows": {"train": len(fit_rows), "calibration": len(calib), "dev": len(dev)},
@@ -590,7 +614,9 @@ def main() -> None:
         + "\n",
         encoding="utf-8",
     )
-    print(f"wrote {out}/manifest.json (revision {manifest['revision']}) in {timings['total_s'] / 60:.1f} min")
+    print(
+        f"wrote {out}/manifest.json (revision {done['manifest']['revision']}) in {timings['total_s'] / 60:.1f} min"
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ import pytest
 from classifiers.injection.data import Row, held_out_with
 from classifiers.injection.evaluate import (
     FamilyResult,
+    _parallel,
     by_language,
+    grouped_folds,
+    held_out_runs,
     leave_one_source_out,
     report,
     threshold_at_fpr,
@@ -90,3 +93,12 @@ def test_unseen_operating_point_meets_the_target_on_held_out_benign_and_reports_
     assert op.macro_fpr == pytest.approx(0.25) and op.macro_recall == pytest.approx(0.5)
     fpr, recall = op.by_language["en"]
     assert fpr == pytest.approx(0.25) and recall == pytest.approx(0.5)
+
+
+def test_folds_in_parallel_processes_score_as_one_process_does() -> None:
+    groups = grouped_folds(ROWS, 3)
+    serial = held_out_runs(ROWS, Keyword, groups)
+    forked = _parallel(ROWS, Keyword, groups, jobs=2, log=lambda _: None)
+    assert [(r.family, r.fpr, r.recall, r.threshold) for r in forked] == [
+        (r.family, r.fpr, r.recall, r.threshold) for r in serial
+    ]
