@@ -79,6 +79,7 @@ class PromptInjection(BaseFilter):
         if not texts:
             return CONTINUE
         loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             scores = await asyncio.wait_for(
                 loop.run_in_executor(None, lambda: [self.model.score(t) for t in texts]),
@@ -86,6 +87,10 @@ class PromptInjection(BaseFilter):
             )
         except Exception as exc:  # noqa: BLE001 - any failure of the classifier goes to its fail mode
             return self._failed(ctx, type(exc).__name__)
+        if loop.time() - started > self.params.timeout_s:
+            # wait_for returns a result that lands in the same loop turn as its deadline (a busy
+            # loop sees both at once); the budget is the contract, so a late answer counts as none.
+            return self._failed(ctx, "TimeoutError")
         top = max(scores)
         detail = f"score={top:.3f},model={self.model.revision}"
         if top < self.threshold:
