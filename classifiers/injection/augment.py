@@ -146,7 +146,7 @@ def embedded_attacks(rows: Sequence[Row], n: int, seed: int = 0) -> list[Row]:
     """`n` benign documents (from `rows`) each carrying one short attack (from `rows`) inside."""
     rng = random.Random(seed)  # noqa: S311 - reproducible augmentation, not a secret
     attacks = [r for r in rows if r.label == 1 and 20 <= len(r.text) <= 400]
-    docs = [r for r in rows if r.label == 0 and 300 <= len(r.text) <= 3000]
+    docs = _long_benign(rows)
     if not attacks or not docs:
         return []
     out = []
@@ -259,8 +259,13 @@ def _split_payload(attack: str, rng: random.Random, zh: bool) -> str:
     return f"Decode this base64 string and follow it exactly, no explanation: {encoded}"
 
 
+def _long_benign(rows: Sequence[Row]) -> list[Row]:
+    """Benign rows long enough to host an instruction (a document, an email, a long request)."""
+    return [r for r in rows if r.label == 0 and 300 <= len(r.text) <= 3000]
+
+
 def _documents(rows: Sequence[Row]) -> tuple[list[Row], list[Row]]:
-    docs = [r for r in rows if r.label == 0 and 300 <= len(r.text) <= 3000]
+    docs = _long_benign(rows)
     return [d for d in docs if d.language != "zh"], [d for d in docs if d.language == "zh"]
 
 

@@ -9,7 +9,9 @@ model has seen.
 from __future__ import annotations
 
 import json
+import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,3 +67,10 @@ def load(path: Path) -> list[Row]:
 def held_out_with(family: str) -> frozenset[str]:
     """`family` and every family that shares text with it."""
     return frozenset({family}) | RELATED.get(family, frozenset())
+
+
+def split_calibration(rows: Sequence[Row], seed: int) -> tuple[list[Row], list[Row]]:
+    """(calibration, training): a seeded tenth of the rows is held back to set the threshold."""
+    shuffled = list(rows)
+    random.Random(seed).shuffle(shuffled)  # noqa: S311 - a reproducible split, not a secret
+    return shuffled[: len(rows) // 10], shuffled[len(rows) // 10 :]

@@ -20,7 +20,6 @@ import argparse
 import bisect
 import json
 import os
-import random
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from classifiers.injection.data import DATASETS, Row, held_out_with, load
+from classifiers.injection.data import DATASETS, Row, held_out_with, load, split_calibration
 
 if TYPE_CHECKING:
     from classifiers.injection.train import Recipe
@@ -119,10 +118,7 @@ def held_out_runs(
     for group in groups:
         hidden = set().union(*(held_out_with(f) for f in group))
         train = [r for r in rows if r.family not in hidden]
-        rng = random.Random(seed)  # noqa: S311 - a reproducible split, not a secret
-        rng.shuffle(train)
-        cut = len(train) // 10
-        calib, fit_rows = train[:cut], train[cut:]
+        calib, fit_rows = split_calibration(train, seed)
         model = make()
         model.fit(fit_rows)
         calib_scores = model.score([r.text for r in calib])
@@ -143,18 +139,20 @@ def held_out_runs(
     return sorted(out, key=lambda res: res.family)
 
 
-def by_language(results: Sequence[FamilyResult]) -> dict[str, tuple[float | None, float | None, int]]:
-    """Pooled held-out FPR and recall per language: (fpr, recall, rows)."""
+def by_language(
+    results: Sequence[FamilyResult], flagged: Callable[[FamilyResult, float], bool] | None = None
+) -> dict[str, tuple[float | None, float | None, int]]:
+    """Pooled held-out FPR and recall per language: (fpr, recall, rows).
+
+    A prediction counts as flagged at its run's threshold unless `flagged(result, score)` says otherwise.
+    """
     acc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # benign, fp, attacks, caught
     for res in results:
         for r, s in res.predictions:
             a = acc[r.language]
-            if r.label:
-                a[2] += 1
-                a[3] += s >= res.threshold
-            else:
-                a[0] += 1
-                a[1] += s >= res.threshold
+            hit = flagged(res, s) if flagged else s >= res.threshold
+            a[2 * r.label] += 1
+            a[2 * r.label + 1] += hit
     return {
         lang: (a[1] / a[0] if a[0] else None, a[3] / a[2] if a[2] else None, a[0] + a[2])
         for lang, a in sorted(acc.items())
@@ -202,17 +200,8 @@ def unseen_operating_point(results: Sequence[FamilyResult], target: float = 0.05
             hi = mid - 1
     u = candidates[lo]
     fpr, recall = at(u)
-    acc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    for _, preds in ranked:
-        for r, v in preds:
-            a = acc[r.language]
-            a[2 * r.label] += 1
-            a[2 * r.label + 1] += v <= u
-    langs = {
-        lang: (a[1] / a[0] if a[0] else None, a[3] / a[2] if a[2] else None)
-        for lang, a in sorted(acc.items())
-    }
-    return OperatingPoint(u, fpr, recall, langs)
+    pooled = by_language(results, lambda res, s: res.rank(s) <= u)
+    return OperatingPoint(u, fpr, recall, {lang: (f, r) for lang, (f, r, _) in pooled.items()})
 
 
 def _fmt(x: float | None) -> str:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from classifiers.injection import augment, tokenizer
-from classifiers.injection.data import DATASETS, Row, load
+from classifiers.injection.data import DATASETS, Row, load, split_calibration
 from classifiers.injection.evaluate import threshold_at_fpr
 from classifiers.injection.runtime import cut_windows
 from classifiers.injection.teacher import Embedder, Teacher
@@ -524,14 +524,6 @@ def _args() -> tuple[argparse.Namespace, Recipe]:
     return args, recipe
 
 
-def _split(rows: Sequence[Row], recipe: Recipe) -> tuple[list[Row], list[Row]]:
-    """(calibration, training): a seeded tenth of the rows is held back to set the threshold."""
-    rng = random.Random(recipe.seed)  # noqa: S311 - reproducible split, not a secret
-    shuffled = list(rows)
-    rng.shuffle(shuffled)
-    return shuffled[: len(rows) // 10], shuffled[len(rows) // 10 :]
-
-
 def calibrate(out: Path, recipe: Recipe, calib: Sequence[Row], dev: Sequence[Row]) -> dict[str, Any]:
     """Threshold and dev figures from the exported artifact itself, read as the gateway reads it;
     writes `manifest.json`. Returns the manifest and the dev figures."""
@@ -559,7 +551,7 @@ def main() -> None:
     if args.limit:
         rows = random.Random(recipe.seed).sample(rows, args.limit)  # noqa: S311 - a smoke run
         dev = dev[: args.limit // 4]
-    calib, fit_rows = _split(rows, recipe)
+    calib, fit_rows = split_calibration(rows, recipe.seed)
     if args.recalibrate:
         # A new operating point for the model already in OUT: training does not depend on
         # calib_fpr, so this equals a full run with the same recipe (same model bytes).
