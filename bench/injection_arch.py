@@ -1,10 +1,14 @@
 """How big can the injection model be? `python -m bench.injection_arch` (needs the training lock).
 
 Builds random-weight RoBERTa classifiers of several sizes, exports each as the training script
-does (eager attention → ONNX → onnxruntime's transformer fusion → int8 weights) and prints the
-cost of one 256-token window and of a 2,000-token prompt (8 windows in one call) with one
-intra-op thread. Latency depends on the shape, not on the weights, so this chose the shipped
-architecture before any training (classifiers/injection/train.py: ARCH).
+does (`train.to_onnx`: eager attention → ONNX → onnxruntime's transformer fusion → int8 weights)
+and prints the cost of one 256-token window and of a 2,000-token prompt (8 windows in one call)
+with one intra-op thread, in a session built as the gateway builds it (`runtime.session`).
+Latency depends on the shape, not on the weights, so this chose the shipped architecture before
+any training (classifiers/injection/train.py: ARCH).
+
+`--fusion`: the shipped shape exported and loaded with every onnxruntime fusion (as revisions up
+to ed76f14f were) against the export and session the project uses now, interleaved in one run.
 """
 
 from __future__ import annotations
@@ -18,11 +22,8 @@ from typing import Any
 SIZES = [(2, 128, 512, 2), (3, 128, 512, 2), (4, 128, 512, 4), (3, 192, 768, 4), (4, 256, 1024, 4)]
 
 
-def _export(layers: int, hidden: int, ffn: int, heads: int, d: Path) -> Path:
-    import onnx
+def _model(layers: int, hidden: int, ffn: int, heads: int) -> Any:
     import torch
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.transformers import optimizer
     from transformers import RobertaConfig, RobertaForSequenceClassification
 
     cfg = RobertaConfig(
@@ -30,62 +31,94 @@ def _export(layers: int, hidden: int, ffn: int, heads: int, d: Path) -> Path:
         intermediate_size=ffn, max_position_embeddings=258, num_labels=2, pad_token_id=1,
     )  # fmt: skip
     cfg._attn_implementation = "eager"
-    model = RobertaForSequenceClassification(cfg).eval()
-    ids = torch.randint(5, 16000, (1, 64))
-    fp32, fused, q = d / "fp32.onnx", d / "fused.onnx", d / "int8.onnx"
-    torch.onnx.export(
-        model, (ids, torch.ones_like(ids)), str(fp32), input_names=["input_ids", "attention_mask"],
-        output_names=["logits"], opset_version=17, dynamo=False,
-        dynamic_axes={"input_ids": {0: "b", 1: "t"}, "attention_mask": {0: "b", 1: "t"}},
-    )  # fmt: skip
-    optimizer.optimize_model(
-        str(fp32), model_type="bert", num_heads=heads, hidden_size=hidden
-    ).save_model_to_file(str(fused))
-    quantize_dynamic(
-        str(fused),
-        str(q),
-        weight_type=QuantType.QInt8,
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
-    return q
+    torch.manual_seed(0)
+    return RobertaForSequenceClassification(cfg).eval()
 
 
-def _times(session: Any, batch: int, tokens: int, n: int) -> tuple[float, float]:
+def _feeds() -> tuple[dict[str, Any], dict[str, Any]]:
     import numpy as np
 
-    x = np.random.default_rng(0).integers(5, 16000, (batch, tokens), dtype=np.int64)
-    feed = {"input_ids": x, "attention_mask": np.ones_like(x)}
-    for _ in range(3):
-        session.run(None, feed)
-    ts = []
+    rng = np.random.default_rng(0)
+    one, eight = rng.integers(5, 16000, (1, 256)), rng.integers(5, 16000, (8, 256))
+    return (
+        {"input_ids": one, "attention_mask": np.ones_like(one)},
+        {"input_ids": eight, "attention_mask": np.ones_like(eight)},
+    )
+
+
+def _pct(ts: list[float]) -> tuple[float, float]:
+    ts = sorted(ts)
+    return ts[len(ts) // 2] * 1000, ts[min(len(ts) - 1, int(0.99 * len(ts)))] * 1000
+
+
+def _time(session: Any, feed: dict[str, Any], n: int) -> list[float]:
+    out = []
     for _ in range(n):
         t0 = time.perf_counter()
         session.run(None, feed)
-        ts.append((time.perf_counter() - t0) * 1000)
-    ts.sort()
-    return ts[len(ts) // 2], ts[min(len(ts) - 1, int(0.99 * len(ts)))]
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def sizes(n: int) -> None:
+    from classifiers.injection.runtime import session
+    from classifiers.injection.train import to_onnx
+
+    one, eight = _feeds()
+    print("layers hidden ffn heads | 1x256 p50/p99 ms | 8x256 (2,000 tokens) p50/p99 ms | MB")
+    for layers, hidden, ffn, heads in SIZES:
+        with tempfile.TemporaryDirectory() as d:
+            _, path = to_onnx(_model(layers, hidden, ffn, heads), Path(d), Path(d) / "int8.onnx")
+            s = session(path)
+            _time(s, one, 3)
+            a = _pct(_time(s, one, n))
+            b = _pct(_time(s, eight, max(10, n // 4)))
+            print(
+                f"{layers:6d} {hidden:6d} {ffn:4d} {heads:5d} | {a[0]:6.2f} / {a[1]:6.2f}   |"
+                f" {b[0]:6.1f} / {b[1]:6.1f}                 | {path.stat().st_size / 1e6:.1f}"
+            )
+
+
+def fusion(n: int) -> None:
+    from classifiers.injection.runtime import session
+    from classifiers.injection.train import ARCH, to_onnx
+
+    shape = (
+        ARCH["num_hidden_layers"],
+        ARCH["hidden_size"],
+        ARCH["intermediate_size"],
+        ARCH["num_attention_heads"],
+    )
+    one, eight = _feeds()
+    with tempfile.TemporaryDirectory() as d:
+        runs: dict[str, tuple[Any, list[float], list[float]]] = {}
+        for label, every in (("every onnxruntime fusion", True), ("as exported now", False)):
+            work = Path(d) / label.replace(" ", "-")
+            work.mkdir()
+            _, path = to_onnx(_model(*shape), work, work / "int8.onnx", fuse_all=every)
+            runs[label] = (session(path, fuse_all=every), [], [])
+        for _ in range(10):  # interleaved rounds, so drifts of the machine hit both alike
+            for s, ones, eights in runs.values():
+                ones.extend(_time(s, one, max(1, n // 10)))
+                eights.extend(_time(s, eight, max(1, n // 40)))
+        print(f"shape {shape}: 1x256 p50/p99 ms | 8x256 p50/p99 ms")
+        for label, (_, a, b) in runs.items():
+            (a50, a99), (b50, b99) = _pct(a), _pct(b)
+            print(f"  {label:26s} {a50:6.2f} / {a99:6.2f} | {b50:6.1f} / {b99:6.1f}")
+        x = runs["every onnxruntime fusion"][0].run(None, eight)[0]
+        y = runs["as exported now"][0].run(None, eight)[0]
+        print(f"  max |logit difference| between the two: {abs(x - y).max():.2e}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=100)
+    ap.add_argument("--fusion", action="store_true", help="shipped shape: every fusion vs as exported now")
     args = ap.parse_args()
-    import onnxruntime as ort
-
-    print("layers hidden ffn heads | 1x256 p50/p99 ms | 8x256 (2,000 tokens) p50/p99 ms | MB")
-    for layers, hidden, ffn, heads in SIZES:
-        with tempfile.TemporaryDirectory() as d:
-            path = _export(layers, hidden, ffn, heads, Path(d))
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = 1
-            opts.inter_op_num_threads = 1
-            s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-            one = _times(s, 1, 256, args.n)
-            eight = _times(s, 8, 256, max(10, args.n // 4))
-            print(
-                f"{layers:6d} {hidden:6d} {ffn:4d} {heads:5d} | {one[0]:6.2f} / {one[1]:6.2f}   |"
-                f" {eight[0]:6.1f} / {eight[1]:6.1f}                 | {path.stat().st_size / 1e6:.1f}"
-            )
+    if args.fusion:
+        fusion(max(args.n, 400))
+    else:
+        sizes(args.n)
 
 
 if __name__ == "__main__":

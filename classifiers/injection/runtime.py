@@ -79,13 +79,37 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+# onnxruntime fuses residual + LayerNorm into SkipLayerNormalization at load; in onnxruntime 1.32
+# on this machine that kernel made the shipped model's 256-token window 30% slower (2.5 ms instead
+# of 1.7 ms, `python -m bench.injection_arch --fusion`). The export leaves them unfused too.
+SLOW_FUSIONS = ["SkipLayerNormFusion"]
+
+
+def session(path: Path, threads: int = 1, *, fuse_all: bool = False, optimized_to: Path | None = None) -> Any:
+    """An onnxruntime CPU session for a classifier graph, as the gateway runs it. `fuse_all`: with
+    every onnxruntime fusion (for that benchmark); `optimized_to`: also write the graph as
+    onnxruntime optimized it (for inspection)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    if optimized_to is not None:
+        opts.optimized_model_filepath = str(optimized_to)
+    return ort.InferenceSession(
+        str(path),
+        opts,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=[] if fuse_all else SLOW_FUSIONS,
+    )
+
+
 class InjectionModel:
     """One ONNX session and tokenizer per worker; `score` is thread-safe and CPU-bound."""
 
     def __init__(
         self, manifest: Manifest, *, max_windows: int = 8, threads: int = 1, cache_size: int = 4096
     ) -> None:
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
         for path, want in (
@@ -101,13 +125,8 @@ class InjectionModel:
         self.manifest = manifest
         self.revision = manifest.revision
         self.max_windows = max_windows
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
         try:
-            self._session = ort.InferenceSession(
-                str(manifest.model), opts, providers=["CPUExecutionProvider"]
-            )
+            self._session = session(manifest.model, threads)
             self._tok = Tokenizer.from_file(str(manifest.tokenizer))
         except Exception as exc:  # noqa: BLE001 - onnxruntime and tokenizers raise their own types
             raise ModelError(f"cannot load the model: {type(exc).__name__}: {exc}") from None

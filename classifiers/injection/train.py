@@ -44,7 +44,7 @@ from typing import Any
 from classifiers.injection import augment, tokenizer
 from classifiers.injection.data import DATASETS, Row, load, split_calibration
 from classifiers.injection.evaluate import threshold_at_fpr
-from classifiers.injection.runtime import cut_windows
+from classifiers.injection.runtime import cut_windows, session
 from classifiers.injection.teacher import Embedder, Teacher
 
 # The shipped architecture: chosen by latency on this 2-core machine (docs/injection.md): two
@@ -379,25 +379,24 @@ class Student:
         return out
 
 
-def export(student: Student, out: Path, dev: Sequence[Row], log: Any = print) -> dict[str, Any]:
-    """ONNX export, fusion, int8 weights; the exported model checked against PyTorch on dev texts."""
+def to_onnx(model: Any, work: Path, final: Path, *, fuse_all: bool = False) -> tuple[Path, Path]:
+    """`model` (eager attention) → fp32 ONNX in `work` → fused → int8 weights at `final`.
+
+    Fusion leaves residual + LayerNorm and bias + GELU unfused: onnxruntime 1.32's
+    SkipLayerNormalization and BiasGelu kernels made a 256-token window of the shipped shape take
+    2.5 ms instead of 1.7 ms on this machine (`python -m bench.injection_arch --fusion`); the runtime
+    also keeps onnxruntime from fusing them again at load (runtime.py). `fuse_all`: every fusion,
+    as before (for that benchmark).
+    """
     torch = _torch()
-    import numpy as np
     import onnx
-    import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
-    from transformers import RobertaForSequenceClassification
+    from onnxruntime.transformers.fusion_options import FusionOptions
 
-    tmp = out / "_export"
-    tmp.mkdir(parents=True, exist_ok=True)
-    student.model.save_pretrained(tmp / "torch")
-    # Eager attention exports the pattern onnxruntime fuses into its Attention operator.
-    model = RobertaForSequenceClassification.from_pretrained(
-        tmp / "torch", attn_implementation="eager"
-    ).eval()
-    ids = torch.tensor([student.win.wrap([10] * 30)])
-    fp32 = tmp / "model.fp32.onnx"
+    cfg = model.config
+    ids = torch.full((1, 32), 10, dtype=torch.long)
+    fp32 = work / "model.fp32.onnx"
     torch.onnx.export(
         model,
         (ids, torch.ones_like(ids)),
@@ -408,25 +407,43 @@ def export(student: Student, out: Path, dev: Sequence[Row], log: Any = print) ->
         opset_version=17,
         dynamo=False,
     )
-    fused = tmp / "model.fused.onnx"
-    opt = optimizer.optimize_model(
-        str(fp32), model_type="bert", num_heads=ARCH["num_attention_heads"], hidden_size=ARCH["hidden_size"]
-    )
-    opt.save_model_to_file(str(fused))
-    final = out / "model.onnx"
+    fusion = FusionOptions("bert")
+    fusion.enable_skip_layer_norm = fuse_all
+    fusion.enable_bias_gelu = fuse_all
+    fused = work / "model.fused.onnx"
+    optimizer.optimize_model(
+        str(fp32),
+        model_type="bert",
+        num_heads=cfg.num_attention_heads,
+        hidden_size=cfg.hidden_size,
+        optimization_options=fusion,
+    ).save_model_to_file(str(fused))
     quantize_dynamic(
         str(fused),
         str(final),
         weight_type=QuantType.QInt8,
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
+    return fp32, final
+
+
+def export(student: Student, out: Path, dev: Sequence[Row], log: Any = print) -> dict[str, Any]:
+    """ONNX export, fusion, int8 weights; the exported model checked against PyTorch on dev texts."""
+    torch = _torch()
+    import numpy as np
+    from transformers import RobertaForSequenceClassification
+
+    tmp = out / "_export"
+    tmp.mkdir(parents=True, exist_ok=True)
+    student.model.save_pretrained(tmp / "torch")
+    # Eager attention exports the pattern onnxruntime fuses into its Attention operator.
+    model = RobertaForSequenceClassification.from_pretrained(
+        tmp / "torch", attn_implementation="eager"
+    ).eval()
+    fp32, final = to_onnx(model, tmp, out / "model.onnx")
     # Check: PyTorch vs fp32 ONNX vs int8 ONNX on every dev window.
     windows = [w for ids_ in student.win.ids([r.text for r in dev]) for w in student.win.for_scoring(ids_)]
-    sess = {}
-    for name, path in (("fp32", fp32), ("int8", final)):
-        o = ort.SessionOptions()
-        o.intra_op_num_threads = 1
-        sess[name] = ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
+    sess = {name: session(path) for name, path in (("fp32", fp32), ("int8", final))}
     diffs: dict[str, list[float]] = {"fp32": [], "int8": []}
     flips = 0
     thr = 0.5  # decisions compared at the middle; the shipped threshold is set afterwards

@@ -54,3 +54,20 @@ def test_dev_figures_of_the_model_card_reproduce(model: InjectionModel) -> None:
 )
 def test_plain_cases(model: InjectionModel, text: str, flagged: bool) -> None:
     assert (model.score(text) >= model.manifest.threshold) is flagged
+
+
+def test_the_shipped_graph_runs_without_the_slow_fused_kernels(tmp_path: Path) -> None:
+    """SkipLayerNormalization and BiasGelu made a window 30% slower here (bench.injection_arch
+    --fusion): neither the exported graph nor the session the runtime builds from it uses them."""
+    import onnx
+
+    from classifiers.injection import runtime
+
+    exported = {n.op_type for n in onnx.load(str(SHIPPED / "model.onnx")).graph.node}
+    assert "QAttention" in exported  # the attention fusion stays
+    assert not exported & {"SkipLayerNormalization", "BiasGelu"}
+    optimized = tmp_path / "as-loaded.onnx"
+    runtime.session(SHIPPED / "model.onnx", optimized_to=optimized)
+    loaded = {n.op_type for n in onnx.load(str(optimized)).graph.node}
+    assert "QAttention" in loaded
+    assert not loaded & {"SkipLayerNormalization", "BiasGelu"}
