@@ -73,7 +73,7 @@ class Recipe:
     indirect: int = 600  # augmentation: instructions to an AI inside benign documents
     benign: int = 1500  # augmentation: role/system prompts, documents with ordinary tasks
     length_balance: bool = False  # reweight both classes to one length distribution
-    calib_fpr: float = 0.02  # threshold: flags this share of the held-back benign rows
+    calib_fpr: float = 0.005  # threshold: flags this share of the held-back benign rows (model card)
     pretrained: bool = True  # start from the masked-LM encoder (False: from random weights)
 
 
