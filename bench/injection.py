@@ -36,26 +36,26 @@ WORDS = [
 ]
 
 
+def _fit(model: InjectionModel, prefix: str, words: list[str], tokens: int) -> str:
+    """`prefix` + `words`, words dropped from the end until it is at most `tokens` tokens."""
+    words = list(words)
+    while model.tokens(prefix + " ".join(words)) > tokens and len(words) > 1:
+        words.pop()
+    return prefix + " ".join(words)
+
+
 def _text(model: InjectionModel, tokens: int) -> str:
     """A text of about `tokens` tokens (prose-like word salad; the cost depends on length only)."""
     words: list[str] = []
     while not words or model.tokens(" ".join(words)) < tokens:
         words += WORDS
-    while model.tokens(" ".join(words)) > tokens and len(words) > 1:
-        words.pop()
-    return " ".join(words)
+    return _fit(model, "", words, tokens)
 
 
 def _variants(model: InjectionModel, text: str, tokens: int, n: int) -> list[str]:
     """`n` different texts (no cache hits) of at most `tokens` tokens: `text` after a counter,
     words dropped from its end until the counter fits (so the window count does not change)."""
-    out = []
-    for i in range(n):
-        words = text.split(" ")
-        while model.tokens(f"{i} " + " ".join(words)) > tokens and len(words) > 1:
-            words.pop()
-        out.append(f"{i} " + " ".join(words))
-    return out
+    return [_fit(model, f"{i} ", text.split(" "), tokens) for i in range(n)]
 
 
 def _times(model: InjectionModel, texts: list[str]) -> list[float]:
