@@ -41,10 +41,6 @@ class Row:
     text: str
     label: int
     source: str
-    # Where the attack sits in `text` (character span), when it is known: the augmentations insert
-    # one into a benign document. Training then labels each window of a long text by whether it
-    # holds the attack, instead of guessing from the teacher.
-    mark: tuple[int, int] | None = None
 
     @property
     def family(self) -> str:
@@ -78,35 +74,3 @@ def split_calibration(rows: Sequence[Row], seed: int) -> tuple[list[Row], list[R
     shuffled = list(rows)
     random.Random(seed).shuffle(shuffled)  # noqa: S311 - a reproducible split, not a secret
     return shuffled[: len(rows) // 10], shuffled[len(rows) // 10 :]
-
-
-def mark_insertions(rows: Sequence[Row], min_context: int = 200, key: int = 40) -> list[Row]:
-    """`rows`, with each attack that is a benign row of its family plus an inserted instruction
-    (BIPIA's recipe: an attack put at the start, middle or end of a real email, table or code
-    context) marked where the insertion is. Only contexts of `min_context` characters or more are
-    matched: shorter texts fit one window, where the mark changes nothing."""
-    heads: dict[tuple[str, str], list[str]] = {}
-    tails: dict[tuple[str, str], list[str]] = {}
-    for r in rows:
-        if r.label == 0 and len(r.text) >= min_context:
-            heads.setdefault((r.family, r.text[:key]), []).append(r.text)
-            tails.setdefault((r.family, r.text[-key:]), []).append(r.text)
-    out = []
-    for r in rows:
-        t, mark = r.text, r.mark
-        if r.label == 1 and mark is None and len(t) > min_context:
-            for c in heads.get((r.family, t[:key]), []) + tails.get((r.family, t[-key:]), []):
-                if len(c) >= len(t):
-                    continue
-                head = _common_prefix(t, c)
-                tail = min(_common_prefix(t[::-1], c[::-1]), len(c) - head)
-                if head + tail == len(c):
-                    mark = (head, len(t) - tail)
-                    break
-        out.append(r if mark == r.mark else Row(t, 1, r.source, mark))
-    return out
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)

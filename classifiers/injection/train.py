@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from classifiers.injection import augment, tokenizer
-from classifiers.injection.data import DATASETS, Row, load, mark_insertions, split_calibration
+from classifiers.injection.data import DATASETS, Row, load, split_calibration
 from classifiers.injection.evaluate import threshold_at_fpr
 from classifiers.injection.runtime import cut_windows, session
 from classifiers.injection.teacher import Embedder, Teacher
@@ -69,10 +69,9 @@ class Recipe:
     crops: int = 2  # random windows per long text, besides its first and last
     embedded: int = 1500  # augmentation: attacks inside benign documents
     trigger: int = 600  # augmentation: benign prompts with attack vocabulary
-    composed: int = 1600  # augmentation: attack framings x goals (phrases.py), en + zh
-    indirect: int = 800  # augmentation: instructions to an AI inside benign documents
-    benign: int = 2000  # augmentation: role/system prompts, documents with ordinary tasks
-    mark_windows: bool = True  # label a long attack's windows by where its known attack is (data.Row.mark)
+    composed: int = 1200  # augmentation: attack framings x goals (phrases.py), en + zh
+    indirect: int = 600  # augmentation: instructions to an AI inside benign documents
+    benign: int = 1500  # augmentation: role/system prompts, documents with ordinary tasks
     length_balance: bool = False  # reweight both classes to one length distribution
     calib_fpr: float = 0.005  # threshold: flags this share of the held-back benign rows (model card)
     pretrained: bool = True  # start from the masked-LM encoder (False: from random weights)
@@ -120,28 +119,10 @@ class Windows:
         self, ids: Sequence[int], rng: random.Random, crops: int
     ) -> list[tuple[list[int], bool]]:
         """(window, whole): the text itself if it fits; else its first, last and `crops` random windows."""
-        return [(w, whole) for w, whole, _ in self.spans(ids, rng, crops)]
-
-    def spans(
-        self, ids: Sequence[int], rng: random.Random, crops: int, around: tuple[int, int] | None = None
-    ) -> list[tuple[list[int], bool, tuple[int, int]]]:
-        """`for_training` with each window's token range; `around` (a token range) adds a window
-        that holds it, placed at random."""
         if len(ids) <= self.body:
-            return [(self.wrap(ids), True, (0, len(ids)))]
-        last = len(ids) - self.body
-        starts = {0, last, *(rng.randrange(0, last) for _ in range(crops))}
-        if around is not None and around[1] - around[0] <= self.body:
-            lo, hi = max(0, around[1] - self.body), min(last, around[0])
-            if lo <= hi:
-                starts.add(rng.randint(lo, hi))
-        return [(self.wrap(ids[s : s + self.body]), False, (s, s + self.body)) for s in sorted(starts)]
-
-    def token_span(self, text: str, chars: tuple[int, int]) -> tuple[int, int] | None:
-        """The tokens of `text` (as `ids` cuts it) that cover the character range `chars`."""
-        offsets = self.tok.encode(text, add_special_tokens=False).offsets
-        inside = [i for i, (a, b) in enumerate(offsets) if a < chars[1] and b > chars[0]]
-        return (inside[0], inside[-1] + 1) if inside else None
+            return [(self.wrap(ids), True)]
+        starts = {0, len(ids) - self.body, *(rng.randrange(0, len(ids) - self.body) for _ in range(crops))}
+        return [(self.wrap(ids[s : s + self.body]), False) for s in sorted(starts)]
 
     def for_scoring(self, ids: Sequence[int], cap: int = 8) -> list[list[int]]:
         return [self.wrap(c) for c in cut_windows(ids, self.body, cap)]
@@ -298,15 +279,6 @@ def augmented(rows: Sequence[Row], r: Recipe) -> list[Row]:
     ]
 
 
-def _window_label(mark: tuple[int, int] | None, start: int, end: int) -> int | None:
-    """A long attack's window: 1 if it holds the whole marked attack, 0 if none of it, else unknown."""
-    if mark is None:
-        return None
-    if start <= mark[0] and mark[1] <= end:
-        return 1
-    return 0 if mark[1] <= start or end <= mark[0] else None
-
-
 class Student:
     """The shipped model's recipe as a trainable, scoreable object (also one LOSO fold)."""
 
@@ -327,14 +299,11 @@ class Student:
         teacher = Teacher(self.embedder)
         teacher.fit(rows)
         self.log(f"  teacher trained on {len(rows)} rows ({time.time() - t0:.0f} s)")
-        # (ids, label or None, row index); None = a window from inside a long attack, whose label
-        # the teacher decides, unless the row marks where its attack is.
+        # (ids, label or None, row index); None = a window from inside a long attack.
         wins: list[tuple[list[int], int | None, int]] = []
         for i, (row, ids) in enumerate(zip(rows, self.win.ids([x.text for x in rows]), strict=True)):
-            mark = self.win.token_span(row.text, row.mark) if row.mark and len(ids) > self.win.body else None
-            for w, whole, (a, b) in self.win.spans(ids, rng, r.crops, mark):
-                label = row.label if whole or row.label == 0 else _window_label(mark, a, b)
-                wins.append((w, label, i))
+            for w, whole in self.win.for_training(ids, rng, r.crops):
+                wins.append((w, row.label if whole or row.label == 0 else None, i))
         t0 = time.time()
         soft = (
             teacher.score([self.tok.decode(w[1:-1]) for w, _, _ in wins]) if r.distill else [0.0] * len(wins)
@@ -357,9 +326,7 @@ class Student:
         r = self.recipe
         torch.manual_seed(r.seed)
         rng = random.Random(r.seed)  # noqa: S311 - reproducible training, not a secret
-        rows = augmented(mark_insertions(rows), r)
-        if not r.mark_windows:
-            rows = [dataclasses.replace(x, mark=None) for x in rows]
+        rows = augmented(rows, r)
         wins, sample_w = self._windows(rows, rng)
         if r.pretrained and self.encoder is not None:
             model = RobertaForSequenceClassification.from_pretrained(self.encoder, num_labels=2)
