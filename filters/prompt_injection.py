@@ -54,8 +54,11 @@ class InjectionParams(BaseModel):
     timeout_s: float = Field(
         default=0.5, gt=0.0, le=10.0, description="Time budget of one request's scoring."
     )
-    max_windows: int = Field(
-        default=8, ge=1, le=64, description="Windows read per text (first ones and the last)."
+    max_windows: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Windows read per text (the first ones and the last); default: the model's manifest (8 if it says nothing).",
     )
 
 

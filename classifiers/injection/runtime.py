@@ -41,6 +41,7 @@ class Manifest:
     max_length: int = 256
     threshold: float = 0.5
     revision: str = ""
+    max_windows: int = 8  # windows per text the threshold was set with (a policy may change it)
 
     @classmethod
     def load(cls, path: Path) -> Manifest:
@@ -55,6 +56,7 @@ class Manifest:
                 max_length=int(doc.get("max_length", 256)),
                 threshold=float(doc.get("threshold", 0.5)),
                 revision=str(doc.get("revision") or doc["model_sha256"][:12]),
+                max_windows=int(doc.get("max_windows", 8)),
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ModelError(f"{path}: not a usable manifest ({type(exc).__name__}: {exc})") from None
@@ -109,7 +111,12 @@ class InjectionModel:
     """One ONNX session and tokenizer per worker; `score` is thread-safe and CPU-bound."""
 
     def __init__(
-        self, manifest: Manifest, *, max_windows: int = 8, threads: int = 1, cache_size: int = 4096
+        self,
+        manifest: Manifest,
+        *,
+        max_windows: int | None = None,
+        threads: int = 1,
+        cache_size: int = 4096,
     ) -> None:
         # One text per call: a rayon pool per worker would only add threads to a CPU-bound process.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -127,7 +134,7 @@ class InjectionModel:
                 raise ModelError(f"{path}: sha256 {got[:12]}… does not match the manifest's {want[:12]}…")
         self.manifest = manifest
         self.revision = manifest.revision
-        self.max_windows = max_windows
+        self.max_windows = max_windows or manifest.max_windows
         try:
             self._session = session(manifest.model, threads)
             self._tok = Tokenizer.from_file(str(manifest.tokenizer))

@@ -58,7 +58,9 @@ class Recipe:
 
     seed: int = 0
     vocab: int = 16_000
-    max_length: int = 256
+    max_length: int = 256  # positions; masked-LM pre-training windows
+    window: int = 0  # fine-tuning and scoring window in tokens, <s> and </s> included (0: max_length)
+    max_windows: int = 8  # windows read per text when scoring (runtime: the policy's max_windows)
     mlm_steps: int = 2000
     mlm_batch: int = 64
     mlm_lr: float = 1e-3
@@ -80,7 +82,8 @@ class Recipe:
 def _torch() -> Any:
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    # The CPUs this process may run on (taskset, cgroups), not the machine's count.
+    torch.set_num_threads(len(os.sched_getaffinity(0)) or 1)
     return torch
 
 
@@ -286,7 +289,7 @@ class Student:
         self, tok: Any, recipe: Recipe, *, encoder: Path | None, embedder: Embedder, log: Any = print
     ) -> None:
         self.tok, self.recipe, self.encoder, self.embedder, self.log = tok, recipe, encoder, embedder, log
-        self.win = Windows(tok, recipe.max_length)
+        self.win = Windows(tok, recipe.window or recipe.max_length)
         self.model: Any = None
         self.threshold = 0.5
 
@@ -361,7 +364,7 @@ class Student:
         flat: list[list[int]] = []
         owner: list[int] = []
         for i, ids in enumerate(self.win.ids(texts)):
-            for w in self.win.for_scoring(ids):
+            for w in self.win.for_scoring(ids, self.recipe.max_windows):
                 flat.append(w)
                 owner.append(i)
         probs = [0.0] * len(flat)
@@ -442,7 +445,10 @@ def export(student: Student, out: Path, dev: Sequence[Row], log: Any = print) ->
     ).eval()
     fp32, final = to_onnx(model, tmp, out / "model.onnx")
     # Check: PyTorch vs fp32 ONNX vs int8 ONNX on every dev window.
-    windows = [w for ids_ in student.win.ids([r.text for r in dev]) for w in student.win.for_scoring(ids_)]
+    cap = student.recipe.max_windows
+    windows = [
+        w for ids_ in student.win.ids([r.text for r in dev]) for w in student.win.for_scoring(ids_, cap)
+    ]
     sess = {name: session(path) for name, path in (("fp32", fp32), ("int8", final))}
     diffs: dict[str, list[float]] = {"fp32": [], "int8": []}
     flips = 0
@@ -510,7 +516,8 @@ def _write_manifest(out: Path, recipe: Recipe, threshold: float) -> dict[str, An
         "model_sha256": model_sha,
         "tokenizer": "tokenizer.json",
         "tokenizer_sha256": sha256_file(out / "tokenizer.json"),
-        "max_length": recipe.max_length,
+        "max_length": recipe.window or recipe.max_length,
+        "max_windows": recipe.max_windows,
         "threshold": round(threshold, 4),
         "revision": f"ztgate-injection-{time.strftime('%Y%m%d')}-{model_sha[:8]}",
     }
@@ -547,7 +554,9 @@ def calibrate(out: Path, recipe: Recipe, calib: Sequence[Row], dev: Sequence[Row
     from classifiers.injection.runtime import InjectionModel, Manifest
 
     _write_manifest(out, recipe, 0.5)
-    shipped = InjectionModel(Manifest.load(out / "manifest.json"), cache_size=0)
+    shipped = InjectionModel(
+        Manifest.load(out / "manifest.json"), max_windows=recipe.max_windows, cache_size=0
+    )
     calib_scores = [shipped.score(r.text) for r in calib]
     threshold = threshold_at_fpr(calib_scores, [r.label for r in calib], recipe.calib_fpr)
     manifest = _write_manifest(out, recipe, threshold)

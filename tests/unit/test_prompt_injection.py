@@ -37,6 +37,17 @@ def test_scores_windows_and_cache(manifest: Path) -> None:
     assert m.cache_hits == hits + 1
 
 
+def test_the_window_cap_comes_from_the_manifest_unless_the_caller_sets_one(manifest: Path) -> None:
+    doc = json.loads(manifest.read_text())
+    long_doc = "the report " * 2000
+    assert len(InjectionModel(Manifest.load(manifest)).windows(long_doc)) == 8  # manifest silent: 8
+    doc["max_windows"] = 16  # a model calibrated with 16 windows per text
+    sixteen = manifest.parent / "sixteen.json"
+    sixteen.write_text(json.dumps(doc))
+    assert len(InjectionModel(Manifest.load(sixteen)).windows(long_doc)) == 16
+    assert len(InjectionModel(Manifest.load(sixteen), max_windows=3).windows(long_doc)) == 3
+
+
 def test_a_model_that_does_not_match_its_manifest_is_refused(manifest: Path, tmp_path: Path) -> None:
     doc = json.loads(manifest.read_text())
     doc["model_sha256"] = "0" * 64
