@@ -80,10 +80,13 @@ def main() -> None:
 
             path = build(Path(d), max_length=512)
             print("no manifest given: the tests' bag-of-words graph (runtime overhead only)\n")
-        model = InjectionModel(Manifest.load(path), max_windows=8, threads=1)
-        print(f"model {model.revision}, max_length {model.manifest.max_length}, 1 intra-op thread")
+        model = InjectionModel(Manifest.load(path), threads=1)  # the manifest's window cap
+        print(
+            f"model {model.revision}, max_length {model.manifest.max_length},"
+            f" max_windows {model.max_windows}, 1 intra-op thread"
+        )
         for tokens in (64, 256, 512, 2000):
-            # With <s> and </s>: 256 tokens are exactly one window of the shipped model.
+            # With <s> and </s>: 256 tokens are exactly one 256-token window.
             texts = _variants(model, _text(model, tokens - 2), tokens - 2, args.n)
             windows = sorted({len(model.windows(t)) for t in texts})
             ts = sorted(_times(model, texts))

@@ -9,6 +9,8 @@ any training (classifiers/injection/train.py: ARCH).
 
 `--fusion`: the shipped shape exported and loaded with every onnxruntime fusion (as revisions up
 to ed76f14f were) against the export and session the project uses now, interleaved in one run.
+`--window`: the shipped shape read in 256-token windows (revisions up to 41afc817) and in
+128-token ones, interleaved: attention grows with the square of the window.
 """
 
 from __future__ import annotations
@@ -110,13 +112,49 @@ def fusion(n: int) -> None:
         print(f"  max |logit difference| between the two: {abs(x - y).max():.2e}")
 
 
+def window_length(n: int) -> None:
+    """The shipped shape read in 256-token windows and in 128-token ones, interleaved: one
+    256-token prompt (1 window or 2) and a 2,000-token prompt (8 windows or 16)."""
+    import numpy as np
+
+    from classifiers.injection.runtime import session
+    from classifiers.injection.train import ARCH, to_onnx
+
+    shape = (
+        ARCH["num_hidden_layers"],
+        ARCH["hidden_size"],
+        ARCH["intermediate_size"],
+        ARCH["num_attention_heads"],
+    )
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for label, (batch, length) in {"256 tokens as 1 x 256": (1, 256), "256 tokens as 2 x 128": (2, 128),
+                                   "2,000 tokens as 8 x 256": (8, 256), "2,000 tokens as 16 x 128": (16, 128)}.items():  # fmt: skip
+        ids = rng.integers(5, 16000, (batch, length))
+        feeds[label] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    with tempfile.TemporaryDirectory() as d:
+        _, path = to_onnx(_model(*shape), Path(d), Path(d) / "int8.onnx")
+        s = session(path)
+        times: dict[str, list[float]] = {k: [] for k in feeds}
+        for _ in range(20):  # interleaved rounds, so drifts of the machine hit every row alike
+            for label, feed in feeds.items():
+                times[label].extend(_time(s, feed, max(1, n // (20 if "256 tokens" in label else 80))))
+        print(f"shape {shape}, random weights, one thread: p50 / p99 ms")
+        for label, ts in times.items():
+            a, b = _pct(ts)
+            print(f"  {label:26s} {a:6.2f} / {b:6.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=100)
     ap.add_argument("--fusion", action="store_true", help="shipped shape: every fusion vs as exported now")
+    ap.add_argument("--window", action="store_true", help="shipped shape: 256-token vs 128-token windows")
     args = ap.parse_args()
     if args.fusion:
         fusion(max(args.n, 400))
+    elif args.window:
+        window_length(max(args.n, 400))
     else:
         sizes(args.n)
 

@@ -15,6 +15,7 @@ content hash, so a chat that resends its system prompt and history pays only for
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -63,14 +64,19 @@ class Manifest:
 
 
 def cut_windows(ids: Sequence[int], body: int, cap: int) -> list[list[int]]:
-    """`ids` in chunks of `body` tokens; past `cap` chunks, the first `cap - 1` and the last one.
+    """`ids` in the fewest chunks of at most `body` tokens, all of about one length (no stub of a
+    few tokens at the end, read without context and padded to a full window in a batch); past
+    `cap` chunks, the first `cap - 1` full ones and the last `body` tokens.
 
     Training cuts its scoring windows with this too, so a model is read as it was evaluated.
     """
-    chunks = [list(ids[i : i + body]) for i in range(0, max(len(ids), 1), body)] or [[]]
-    if len(chunks) > cap:
-        chunks = [*chunks[: cap - 1], list(ids[-body:])]
-    return chunks
+    n = len(ids)
+    k = max(1, -(-n // body))
+    if k > cap:
+        return [*(list(ids[i * body : (i + 1) * body]) for i in range(cap - 1)), list(ids[-body:])]
+    q, r = divmod(n, k)  # r chunks of q + 1 tokens, then k - r of q
+    bounds = [i * q + min(i, r) for i in range(k + 1)]
+    return [list(ids[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 def sha256_file(path: Path) -> str:
@@ -213,7 +219,10 @@ class InjectionModel:
                 self._cache.move_to_end(key)
                 self.cache_hits += 1
                 return self._cache[key]
-        value = max(self.run_windows(self.windows(text)))
+        windows = self.windows(text)
+        # Four windows per session call: the windows of a 2,000-token prompt took 14.7 ms p50 so
+        # and 16.1 ms in one call of sixteen here (interleaved; docs/injection.md).
+        value = max(max(self.run_windows(windows[i : i + 4])) for i in range(0, len(windows), 4))
         with self._lock:
             self._cache[key] = value
             if len(self._cache) > self._cache_size:

@@ -11,6 +11,7 @@ import pytest
 from classifiers.injection import augment
 from classifiers.injection.data import Row, held_out_with
 from classifiers.injection.evaluate import grouped_folds
+from classifiers.injection.runtime import cut_windows
 from classifiers.injection.tokenizer import train as train_tokenizer
 from classifiers.injection.train import Windows, _weights
 
@@ -151,3 +152,20 @@ def test_calibrate_sets_the_threshold_from_the_artifact_at_the_recipe_rate(tmp_p
     flagged = [r for r in calib if r.label == 0 and model.score(r.text) >= manifest.threshold]
     assert len(flagged) <= 2
     assert done["dev"]["recall"] == 1.0 and done["dev"]["fpr"] == 0.0
+
+
+@pytest.mark.parametrize("n", [0, 1, 126, 127, 200, 254, 1000, 1998, 2016])
+def test_cut_windows_reads_every_token_once_in_chunks_of_about_one_length(n: int) -> None:
+    ids = list(range(n))
+    chunks = cut_windows(ids, 126, 16)
+    assert [t for c in chunks for t in c] == ids  # in order, nothing skipped or read twice
+    assert len(chunks) == max(1, -(-n // 126))  # as few windows as the length allows
+    assert max(map(len, chunks)) - min(map(len, chunks)) <= 1 or len(chunks) == 1
+    assert all(len(c) <= 126 for c in chunks)  # no stub of a few tokens read without context
+
+
+def test_cut_windows_past_the_cap_reads_the_first_windows_and_the_last() -> None:
+    ids = list(range(5000))
+    chunks = cut_windows(ids, 126, 16)
+    assert len(chunks) == 16 and all(len(c) == 126 for c in chunks)
+    assert chunks[0] == ids[:126] and chunks[14] == ids[14 * 126 : 15 * 126] and chunks[-1] == ids[-126:]
