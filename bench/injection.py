@@ -86,7 +86,7 @@ def main() -> None:
             f" max_windows {model.max_windows}, 1 intra-op thread"
         )
         for tokens in (64, 256, 512, 2000):
-            # With <s> and </s>: 256 tokens are exactly one 256-token window.
+            # Sizes count <s> and </s>, as a 256-token model window does.
             texts = _variants(model, _text(model, tokens - 2), tokens - 2, args.n)
             windows = sorted({len(model.windows(t)) for t in texts})
             ts = sorted(_times(model, texts))

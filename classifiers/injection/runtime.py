@@ -49,7 +49,7 @@ class Manifest:
         """Read `manifest.json`; file paths are relative to it."""
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
-            return cls(
+            m = cls(
                 model=path.parent / doc["model"],
                 model_sha256=doc["model_sha256"],
                 tokenizer=path.parent / doc["tokenizer"],
@@ -61,6 +61,12 @@ class Manifest:
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ModelError(f"{path}: not a usable manifest ({type(exc).__name__}: {exc})") from None
+        if m.max_windows < 1 or m.max_length < 3:
+            # 0 windows would read only a text's last window: refuse rather than under-read.
+            raise ModelError(
+                f"{path}: not a usable manifest (max_windows must be 1 or more, max_length 3 or more)"
+            )
+        return m
 
 
 def cut_windows(ids: Sequence[int], body: int, cap: int) -> list[list[int]]:
@@ -220,8 +226,8 @@ class InjectionModel:
                 self.cache_hits += 1
                 return self._cache[key]
         windows = self.windows(text)
-        # Four windows per session call: the windows of a 2,000-token prompt took 14.7 ms p50 so
-        # and 16.1 ms in one call of sixteen here (interleaved; docs/injection.md).
+        # Four windows per session call: a 2,000-token prompt's sixteen windows took 14.7 ms p50
+        # that way and 16.1 ms in one call here (interleaved; docs/injection.md).
         value = max(max(self.run_windows(windows[i : i + 4])) for i in range(0, len(windows), 4))
         with self._lock:
             self._cache[key] = value

@@ -46,6 +46,10 @@ def test_the_window_cap_comes_from_the_manifest_unless_the_caller_sets_one(manif
     sixteen.write_text(json.dumps(doc))
     assert len(InjectionModel(Manifest.load(sixteen)).windows(long_doc)) == 16
     assert len(InjectionModel(Manifest.load(sixteen), max_windows=3).windows(long_doc)) == 3
+    doc["max_windows"] = 0  # would read only the last window: refused, not loaded
+    sixteen.write_text(json.dumps(doc))
+    with pytest.raises(ModelError, match="max_windows must be 1 or more"):
+        Manifest.load(sixteen)
 
 
 def test_a_model_that_does_not_match_its_manifest_is_refused(manifest: Path, tmp_path: Path) -> None:
