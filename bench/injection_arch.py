@@ -37,6 +37,17 @@ def _model(layers: int, hidden: int, ffn: int, heads: int) -> Any:
     return RobertaForSequenceClassification(cfg).eval()
 
 
+def _shipped_shape() -> tuple[int, int, int, int]:
+    from classifiers.injection.train import ARCH
+
+    return (
+        ARCH["num_hidden_layers"],
+        ARCH["hidden_size"],
+        ARCH["intermediate_size"],
+        ARCH["num_attention_heads"],
+    )
+
+
 def _feeds() -> tuple[dict[str, Any], dict[str, Any]]:
     import numpy as np
 
@@ -83,14 +94,9 @@ def sizes(n: int) -> None:
 
 def fusion(n: int) -> None:
     from classifiers.injection.runtime import session
-    from classifiers.injection.train import ARCH, to_onnx
+    from classifiers.injection.train import to_onnx
 
-    shape = (
-        ARCH["num_hidden_layers"],
-        ARCH["hidden_size"],
-        ARCH["intermediate_size"],
-        ARCH["num_attention_heads"],
-    )
+    shape = _shipped_shape()
     one, eight = _feeds()
     with tempfile.TemporaryDirectory() as d:
         runs: dict[str, tuple[Any, list[float], list[float]]] = {}
@@ -118,14 +124,9 @@ def window_length(n: int) -> None:
     import numpy as np
 
     from classifiers.injection.runtime import session
-    from classifiers.injection.train import ARCH, to_onnx
+    from classifiers.injection.train import to_onnx
 
-    shape = (
-        ARCH["num_hidden_layers"],
-        ARCH["hidden_size"],
-        ARCH["intermediate_size"],
-        ARCH["num_attention_heads"],
-    )
+    shape = _shipped_shape()
     rng = np.random.default_rng(0)
     feeds = {}
     for label, (batch, length) in {"256 tokens as 1 x 256": (1, 256), "256 tokens as 2 x 128": (2, 128),

@@ -557,9 +557,7 @@ def calibrate(out: Path, recipe: Recipe, calib: Sequence[Row], dev: Sequence[Row
     from classifiers.injection.runtime import InjectionModel, Manifest
 
     _write_manifest(out, recipe, 0.5)
-    shipped = InjectionModel(
-        Manifest.load(out / "manifest.json"), max_windows=recipe.max_windows, cache_size=0
-    )
+    shipped = InjectionModel(Manifest.load(out / "manifest.json"), cache_size=0)  # the manifest's cap
     calib_scores = [shipped.score(r.text) for r in calib]
     threshold = threshold_at_fpr(calib_scores, [r.label for r in calib], recipe.calib_fpr)
     manifest = _write_manifest(out, recipe, threshold)
