@@ -11,6 +11,8 @@ any training (classifiers/injection/train.py: ARCH).
 to ed76f14f were) against the export and session the project uses now, interleaved in one run.
 `--window`: the shipped shape read in 256-token windows (revisions up to 41afc817) and in
 128-token ones, interleaved: attention grows with the square of the window.
+`--first-token`: the shipped shape with its last layer computed for every position (revisions up
+to bd4374e1) and for the first token only (`graph.first_token_head`), interleaved.
 """
 
 from __future__ import annotations
@@ -146,13 +148,51 @@ def window_length(n: int) -> None:
             print(f"  {label:26s} {a:6.2f} / {b:6.2f}")
 
 
+def first_token(n: int) -> None:
+    """The shipped shape exported with and without `graph.first_token_head`, interleaved: one
+    128-token window, four (one session call of the runtime) and sixteen (a 2,000-token prompt)."""
+    import numpy as np
+
+    from classifiers.injection.runtime import session
+    from classifiers.injection.train import to_onnx
+
+    shape = _shipped_shape()
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for batch in (1, 4, 16):
+        ids = rng.integers(5, 16000, (batch, 128))
+        feeds[f"{batch:2d} x 128"] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    with tempfile.TemporaryDirectory() as d:
+        sessions = {}
+        for label, first in (("every position", False), ("first token", True)):
+            work = Path(d) / label.replace(" ", "-")
+            work.mkdir()
+            _, path = to_onnx(_model(*shape), work, work / "int8.onnx", first_token=first)
+            sessions[label] = session(path)
+        times: dict[tuple[str, str], list[float]] = {(a, b): [] for a in sessions for b in feeds}
+        for _ in range(20):  # interleaved rounds, so drifts of the machine hit every row alike
+            for (label, size), ts in times.items():
+                ts.extend(_time(sessions[label], feeds[size], max(1, n // (20 * int(size[:2])))))
+        print(f"shape {shape}, random weights, one thread, last layer on: p50 / p99 ms")
+        for (label, size), ts in times.items():
+            a, b = _pct(ts)
+            print(f"  {size} {label:15s} {a:6.2f} / {b:6.2f}")
+        x, y = (s.run(None, feeds["16 x 128"])[0] for s in sessions.values())
+        print(f"  max |logit difference| between the two: {abs(x - y).max():.2e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=100)
     ap.add_argument("--fusion", action="store_true", help="shipped shape: every fusion vs as exported now")
     ap.add_argument("--window", action="store_true", help="shipped shape: 256-token vs 128-token windows")
+    ap.add_argument(
+        "--first-token", action="store_true", help="shipped shape: last layer on every position vs the first"
+    )
     args = ap.parse_args()
-    if args.fusion:
+    if args.first_token:
+        first_token(max(args.n, 1600))
+    elif args.fusion:
         fusion(max(args.n, 400))
     elif args.window:
         window_length(max(args.n, 400))

@@ -237,7 +237,13 @@ def _text_commands(sub: Any) -> None:
         help="score JSONL {text} lines for prompt injection: one {score, flagged} line out per line in",
     )
     s.add_argument("file", nargs="?", help="JSONL input (default: stdin)")
-    s.add_argument("--model", required=True, help="the model's manifest.json")
+    s.add_argument(
+        "--model",
+        default=str(
+            Path(__file__).resolve().parents[1] / "classifiers" / "injection" / "model" / "manifest.json"
+        ),
+        help="the model's manifest.json (default: the shipped model)",
+    )
     s.add_argument("--threshold", type=float, help="flag at or above this score (default: the manifest's)")
     s.set_defaults(fn=_classify)
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from classifiers.injection import augment, tokenizer
+from classifiers.injection import augment, graph, tokenizer
 from classifiers.injection.data import DATASETS, Row, load, split_calibration
 from classifiers.injection.evaluate import threshold_at_fpr
 from classifiers.injection.runtime import cut_windows, session
@@ -385,8 +385,11 @@ class Student:
         return out
 
 
-def to_onnx(model: Any, work: Path, final: Path, *, fuse_all: bool = False) -> tuple[Path, Path]:
-    """`model` (eager attention) → fp32 ONNX in `work` → fused → int8 weights at `final`.
+def to_onnx(
+    model: Any, work: Path, final: Path, *, fuse_all: bool = False, first_token: bool = True
+) -> tuple[Path, Path]:
+    """`model` (eager attention) → fp32 ONNX in `work` → fused → int8 weights → last layer on the
+    first token only (`graph.first_token_head`, unless `first_token` is false) at `final`.
 
     Fusion leaves residual + LayerNorm and bias + GELU unfused: onnxruntime 1.32's
     SkipLayerNormalization and BiasGelu kernels made a 256-token window of the shipped shape take
@@ -430,6 +433,8 @@ def to_onnx(model: Any, work: Path, final: Path, *, fuse_all: bool = False) -> t
         weight_type=QuantType.QInt8,
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
+    if first_token:
+        onnx.save(graph.first_token_head(onnx.load(str(final))), str(final))
     return fp32, final
 
 
