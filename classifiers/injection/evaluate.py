@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from classifiers.injection.data import DATASETS, Row, held_out_with, load, split_calibration
 
@@ -264,27 +264,36 @@ def _student_factory(args: argparse.Namespace) -> Callable[[], Model]:
     from tokenizers import Tokenizer
 
     from classifiers.injection.teacher import Embedder
-    from classifiers.injection.train import Student
+    from classifiers.injection.train import Student, encoder_for
 
     tok = Tokenizer.from_file(str(args.tokenizer))
     recipe = _recipe(args)
     embedder = Embedder(args.work / "minilm-embeddings.npz")
-    encoder = args.work / f"mlm-{recipe.seed}"
+    # Pre-trained on the whole pool's texts, labels unused (docs/injection.md), as training does:
+    # a training run's cached encoder is reused, and a fresh checkout builds it here.
+    encoder = (
+        encoder_for(tok, load(DATASETS / "train.jsonl"), recipe, args.work) if recipe.pretrained else None
+    )
     return lambda: Student(tok, recipe, encoder=encoder, embedder=embedder)
 
 
-_FORKED: tuple[Sequence[Row], Callable[[], Model], Sequence[set[str]], int] | None = None
+_FORKED: tuple[Sequence[Row], Callable[[], Model], Sequence[set[str]]] | None = None
+
+
+def _pin(counter: Any, jobs: int) -> None:
+    """Pool initializer: each forked process takes its own share of the CPUs (torch then runs as
+    many threads as it was given, train._torch). Unpinned, every child ran torch with the whole
+    machine's thread count: four spinning threads on two cores, 12x slower per step."""
+    with counter.get_lock():
+        k = counter.value
+        counter.value += 1
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cpus[k % jobs :: jobs] or [cpus[k % len(cpus)]])
 
 
 def _one_group(i: int) -> list[FamilyResult]:
     assert _FORKED is not None  # set before the pool forks  # noqa: S101
-    rows, make, groups, threads = _FORKED
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-    except ImportError:
-        pass
+    rows, make, groups = _FORKED
     return held_out_runs(rows, make, [groups[i]])
 
 
@@ -295,14 +304,18 @@ def _parallel(
     jobs: int,
     log: Callable[[str], None] = print,
 ) -> list[FamilyResult]:
-    """`held_out_runs` with the groups spread over `jobs` forked processes (the CPUs shared)."""
+    """`held_out_runs` with the groups spread over `jobs` forked processes, each pinned to its
+    share of the CPUs."""
     global _FORKED  # noqa: PLW0603 - handed to the forked children, never changed after
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
-    _FORKED = (rows, make, groups, max(1, (os.cpu_count() or 1) // jobs))
+    _FORKED = (rows, make, groups)
+    ctx = get_context("fork")
     out: list[FamilyResult] = []
-    with ProcessPoolExecutor(jobs, mp_context=get_context("fork")) as pool:
+    with ProcessPoolExecutor(
+        jobs, mp_context=ctx, initializer=_pin, initargs=(ctx.Value("i", 0), jobs)
+    ) as pool:
         for done in as_completed([pool.submit(_one_group, i) for i in range(len(groups))]):
             part = done.result()
             out += part
@@ -319,10 +332,11 @@ def main() -> None:
         "--jobs",
         type=int,
         default=1,
-        help="with --folds: run folds in this many forked processes (student: measured 12x slower per"
-        " fine-tuning step than one process here, 1.7-2 s vs 0.14 s; see docs/injection.md)",
+        help="with --folds: run folds in this many forked processes, each pinned to its share of the CPUs",
     )
-    ap.add_argument("--only-fold", type=int, help="with --folds: run only this fold (1-based; ablations)")
+    ap.add_argument(
+        "--only-fold", help="with --folds: run only these folds (1-based, comma-separated: 2 or 2,4)"
+    )
     ap.add_argument("--tokenizer", type=Path, help="student: the tokenizer.json of a training run")
     ap.add_argument(
         "--work", type=Path, default=Path(".cache/injection"), help="student: its pre-trained encoder"
@@ -356,7 +370,13 @@ def main() -> None:
     if args.folds:
         groups = grouped_folds(rows, args.folds)
         print("folds: " + " | ".join(", ".join(sorted(g)) for g in groups) + "\n")
-        chosen = groups[args.only_fold - 1 :][:1] if args.only_fold else groups
+        try:
+            picked = sorted({int(k) for k in args.only_fold.split(",")}) if args.only_fold else []
+        except ValueError:
+            ap.error(f"--only-fold: not a list of fold numbers: {args.only_fold!r}")
+        if any(not 1 <= k <= len(groups) for k in picked):
+            ap.error(f"--only-fold: folds are numbered 1 to {len(groups)}")
+        chosen = [groups[k - 1] for k in picked] if picked else groups
         results = (
             _parallel(rows, make, chosen, args.jobs) if args.jobs > 1 else held_out_runs(rows, make, chosen)
         )

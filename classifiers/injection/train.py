@@ -238,6 +238,15 @@ def pretrain(tok: Any, texts: Sequence[str], recipe: Recipe, out: Path, log: Any
     return out
 
 
+def encoder_for(tok: Any, rows: Sequence[Row], recipe: Recipe, work: Path, log: Any = print) -> Path:
+    """The masked-LM encoder of `rows` (and the trigger-word augmentation), pre-trained into
+    `work/mlm-<seed>` once and reused while its inputs stay the same (training and evaluation)."""
+    texts = [r.text for r in rows] + [
+        r.text for r in augment.trigger_word_benign(recipe.trigger, recipe.seed)
+    ]
+    return pretrain(tok, texts, recipe, work / f"mlm-{recipe.seed}", log)
+
+
 LENGTH_BUCKETS = (60, 150, 400, 1000, 3000)  # characters
 
 
@@ -604,10 +613,7 @@ def main() -> None:
     encoder = None
     if recipe.pretrained:
         t = time.time()
-        pretrain_texts = [r.text for r in rows] + [
-            r.text for r in augment.trigger_word_benign(recipe.trigger, recipe.seed)
-        ]
-        encoder = pretrain(tok, pretrain_texts, recipe, args.work / f"mlm-{recipe.seed}")
+        encoder = encoder_for(tok, rows, recipe, args.work)
         timings["pretrain_s"] = time.time() - t
 
     t = time.time()
