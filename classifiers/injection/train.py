@@ -78,6 +78,7 @@ class Recipe:
     indirect: int = 600  # augmentation: instructions to an AI inside benign documents
     benign: int = 1500  # augmentation: role/system prompts, documents with ordinary tasks
     length_balance: bool = False  # reweight both classes to one length distribution
+    language_balance: bool = False  # ... and to one language distribution (en, zh, other)
     calib_fpr: float = 0.005  # threshold: flags this share of the held-back benign rows (model card)
     pretrained: bool = True  # start from the masked-LM encoder (False: from random weights)
 
@@ -254,30 +255,33 @@ def _length_bucket(text: str) -> int:
     return bisect.bisect_right(LENGTH_BUCKETS, len(text))
 
 
-def _weights(rows: Sequence[Row], *, length_balance: bool = False) -> list[float]:
+def _weights(
+    rows: Sequence[Row], *, length_balance: bool = False, language_balance: bool = False
+) -> list[float]:
     """Family-balanced sampling weights, each class half of the mass.
 
     A row's weight is 1/sqrt(size of its (family, label) group): large families still count more
     than small ones, but a 4,000-row family no longer drowns a 100-row one. With `length_balance`
     both classes are reweighted to one length distribution (the mean of theirs), so text length
     alone says nothing about the label (in the pool, texts over 1,000 characters are 25% of the
-    attacks and 8% of the benign rows).
+    attacks and 8% of the benign rows); `language_balance` does the same for the language (en,
+    zh, other: Russian, Japanese, Arabic, Hindi… are mostly attacks in the pool). Both: one
+    distribution over (length, language).
     """
     groups = Counter((r.family, r.label) for r in rows)
     raw = [1 / math.sqrt(groups[(r.family, r.label)]) for r in rows]
-    if length_balance:
-        mass: dict[tuple[int, int], float] = defaultdict(float)
-        for w, r in zip(raw, rows, strict=True):
-            mass[(r.label, _length_bucket(r.text))] += w
-        per_label = {y: sum(v for (lab, _), v in mass.items() if lab == y) or 1.0 for y in (0, 1)}
-        share = {k: v / per_label[k[0]] for k, v in mass.items()}
-        target = {
-            b: (share.get((0, b), 0.0) + share.get((1, b), 0.0)) / 2 for b in range(len(LENGTH_BUCKETS) + 1)
-        }
-        raw = [
-            w * target[_length_bucket(r.text)] / share[(r.label, _length_bucket(r.text))]
-            for w, r in zip(raw, rows, strict=True)
+    if length_balance or language_balance:
+        keys = [
+            (_length_bucket(r.text) if length_balance else 0, r.language if language_balance else "")
+            for r in rows
         ]
+        mass: dict[tuple[int, tuple[int, str]], float] = defaultdict(float)
+        for w, r, k in zip(raw, rows, keys, strict=True):
+            mass[(r.label, k)] += w
+        per_label = {y: sum(v for (lab, _), v in mass.items() if lab == y) or 1.0 for y in (0, 1)}
+        share = {lk: v / per_label[lk[0]] for lk, v in mass.items()}
+        target = {k: (share.get((0, k), 0.0) + share.get((1, k), 0.0)) / 2 for k in set(keys)}
+        raw = [w * target[k] / share[(r.label, k)] for w, r, k in zip(raw, rows, keys, strict=True)]
     total = {y: sum(w for w, r in zip(raw, rows, strict=True) if r.label == y) for y in (0, 1)}
     return [w / total[r.label] / 2 if total[r.label] else 0.0 for w, r in zip(raw, rows, strict=True)]
 
@@ -324,7 +328,7 @@ class Student:
             teacher.score([self.tok.decode(w[1:-1]) for w, _, _ in wins]) if r.distill else [0.0] * len(wins)
         )
         self.log(f"  teacher scored {len(wins)} windows ({time.time() - t0:.0f} s)")
-        row_w = _weights(rows, length_balance=r.length_balance)
+        row_w = _weights(rows, length_balance=r.length_balance, language_balance=r.language_balance)
         per_row = Counter(i for _, _, i in wins)
         # Without a teacher (distill 0) a window from inside a long attack keeps its row's label.
         inside = 1.0 if not r.distill else None
