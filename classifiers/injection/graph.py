@@ -10,9 +10,10 @@ is about a third of the model's multiply-adds.
 `first_token_head` slices position 0 off the last attention's output and off the residual that
 joins it, so the rest of the layer runs on one row per window. Same weights, same operators; the
 logits change only where int8 activations are quantized per tensor (a scale over one row instead
-of all rows). Refuses (ModelError) any graph where that is not provably the same computation:
-a head that is not a gather of position 0, or a node between the attention and the head that
-is not position-wise.
+of all rows). Refuses (ModelError) any graph where that is not the same computation: a head
+that is not a gather of position 0, a node between the attention and the head that is not
+position-wise or reads a full-length tensor from outside the last layer, or a tensor of that
+stretch that something else reads (hidden states exported as an output).
 
 The training export applies it; `python -m classifiers.injection.graph MODEL_DIR` converts a model
 exported before (and prints how its scores moved on the dev texts).
@@ -192,10 +193,10 @@ def first_token_head(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def convert(model_dir: Path) -> dict[str, float]:
+def convert(model_dir: Path) -> dict[str, float] | None:
     """Rewrite `model_dir/model.onnx` with `first_token_head`, re-pin it in the manifest (same
     threshold: set it anew with `train --recalibrate`) and compare both graphs on the dev texts,
-    read as the gateway reads them."""
+    read as the gateway reads them. None, and nothing written, if it was converted already."""
     import shutil
     import tempfile
     import time
@@ -208,7 +209,11 @@ def convert(model_dir: Path) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         old = Path(d) / "model.onnx"
         shutil.copyfile(before.model, old)
-        onnx.save(first_token_head(onnx.load(str(old))), str(before.model))
+        source = onnx.load(str(old))
+        converted = first_token_head(source)
+        if converted == source:
+            return None
+        onnx.save(converted, str(before.model))
         sha = sha256_file(before.model)
         doc = json.loads(path.read_text(encoding="utf-8"))
         doc |= {"model_sha256": sha, "revision": f"ztgate-injection-{time.strftime('%Y%m%d')}-{sha[:8]}"}
@@ -237,7 +242,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir", type=Path, help="a model directory (manifest.json, model.onnx)")
     a = ap.parse_args()
-    check = convert(a.model_dir)
+    try:
+        check = convert(a.model_dir)
+    except ModelError as exc:
+        raise SystemExit(f"{a.model_dir}: left as it is: {exc}") from None
+    if check is None:
+        print(f"{a.model_dir}/model.onnx already runs its last layer on the first token; nothing changed")
+        return
     print(f"rewrote {a.model_dir}/model.onnx; against the previous graph on dev: {json.dumps(check)}")
     print(f"set its threshold: python -m classifiers.injection.train {a.model_dir} --recalibrate")
 
