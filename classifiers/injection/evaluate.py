@@ -282,8 +282,9 @@ _FORKED: tuple[Sequence[Row], Callable[[], Model], Sequence[set[str]]] | None = 
 
 def _pin(counter: Any, jobs: int) -> None:
     """Pool initializer: each forked process takes its own share of the CPUs (torch then runs as
-    many threads as it was given, train._torch). Unpinned, every child ran torch with the whole
-    machine's thread count: four spinning threads on two cores, 12x slower per step."""
+    many threads as it was given, train._torch). Unpinned, each child's torch took every core
+    (four threads on two) and ran 12x slower per step; pinned, each ran as fast as one process
+    alone (0.14 s per step here)."""
     with counter.get_lock():
         k = counter.value
         counter.value += 1

@@ -43,6 +43,8 @@ POSITIONWISE = {
     "FastGelu", "Gelu", "LayerNormalization", "MatMul", "MatMulInteger", "MatMulIntegerToFloat",
     "Mul", "Pow", "ReduceMean", "SkipLayerNormalization", "Sqrt", "Sub", "Tanh",
 }  # fmt: skip
+MATMUL = {"MatMul", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"}  # weights second
+NORMS = {"LayerNormalization", "SkipLayerNormalization"}  # position-wise over the last axis only
 
 
 def _constants(g: onnx.GraphProto) -> dict[str, np.ndarray[Any, Any]]:
@@ -55,8 +57,8 @@ def _constants(g: onnx.GraphProto) -> dict[str, np.ndarray[Any, Any]]:
     return out
 
 
-def _axis(node: onnx.NodeProto) -> int:
-    return next((int(a.i) for a in node.attribute if a.name == "axis"), 0)
+def _axis(node: onnx.NodeProto, default: int = 0) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == "axis"), default)
 
 
 def _head(g: onnx.GraphProto, consts: dict[str, np.ndarray[Any, Any]]) -> onnx.NodeProto:
@@ -115,6 +117,10 @@ def _check(
     for n in segment:
         if n.op_type not in POSITIONWISE:
             raise ModelError(f"graph: {n.op_type} node {n.name!r} between the last attention and the head")
+        if n.op_type in MATMUL and any(t in produced for t in n.input[1:2]):
+            raise ModelError(f"graph: {n.op_type} {n.name!r} multiplies by a computed tensor, not weights")
+        if n.op_type in NORMS and _axis(n, -1) not in (-1, 2):
+            raise ModelError(f"graph: {n.op_type} {n.name!r} is not over the last axis")
         if n.op_type == "ReduceMean":
             given = consts.get(n.input[1]) if len(n.input) > 1 else None
             attr = next((list(a.ints) for a in n.attribute if a.name == "axes"), None)

@@ -59,6 +59,10 @@ def _model(layers: int = 2, tamper: str = "") -> onnx.ModelProto:
         nodes[-1].input[0] = "l1_t"
     if tamper == "outside":  # reads a full-length tensor from outside the last layer
         nodes[-2].input[1] = "x"
+    if tamper == "norm-over-tokens":  # a LayerNorm across positions
+        nodes[-1].attribute[0].i = 1
+    if tamper == "matmul-by-activations":  # the feed-forward multiplies by a computed tensor
+        nodes[-3].input[1] = "l1_gelu"
     if tamper == "leak":  # the last layer's hidden states are also a graph output
         nodes.append(helper.make_node("Identity", ["l1_ln1"], ["hidden"]))
     nodes += [
@@ -100,6 +104,10 @@ def test_a_graph_that_mixes_positions_after_the_last_attention_is_refused() -> N
         first_token_head(_model(tamper="transpose"))
     with pytest.raises(ModelError, match="computed outside the last layer"):
         first_token_head(_model(tamper="outside"))
+    with pytest.raises(ModelError, match="not over the last axis"):
+        first_token_head(_model(tamper="norm-over-tokens"))
+    with pytest.raises(ModelError, match="multiplies by a computed tensor"):
+        first_token_head(_model(tamper="matmul-by-activations"))
     with pytest.raises(ModelError, match="read outside the path to the head"):
         first_token_head(_model(tamper="leak"))
 
