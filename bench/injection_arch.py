@@ -50,15 +50,19 @@ def _shipped_shape() -> tuple[int, int, int, int]:
     )
 
 
+def _feed(rng: Any, batch: int, length: int) -> dict[str, Any]:
+    """Random token windows of one length, none padded."""
+    import numpy as np
+
+    ids = rng.integers(5, 16000, (batch, length))
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
 def _feeds() -> tuple[dict[str, Any], dict[str, Any]]:
     import numpy as np
 
     rng = np.random.default_rng(0)
-    one, eight = rng.integers(5, 16000, (1, 256)), rng.integers(5, 16000, (8, 256))
-    return (
-        {"input_ids": one, "attention_mask": np.ones_like(one)},
-        {"input_ids": eight, "attention_mask": np.ones_like(eight)},
-    )
+    return _feed(rng, 1, 256), _feed(rng, 8, 256)
 
 
 def _pct(ts: list[float]) -> tuple[float, float]:
@@ -133,8 +137,7 @@ def window_length(n: int) -> None:
     feeds = {}
     for label, (batch, length) in {"256 tokens as 1 x 256": (1, 256), "256 tokens as 2 x 128": (2, 128),
                                    "2,000 tokens as 8 x 256": (8, 256), "2,000 tokens as 16 x 128": (16, 128)}.items():  # fmt: skip
-        ids = rng.integers(5, 16000, (batch, length))
-        feeds[label] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        feeds[label] = _feed(rng, batch, length)
     with tempfile.TemporaryDirectory() as d:
         _, path = to_onnx(_model(*shape), Path(d), Path(d) / "int8.onnx")
         s = session(path)
@@ -160,8 +163,7 @@ def first_token(n: int) -> None:
     rng = np.random.default_rng(0)
     feeds = {}
     for batch in (1, 4, 16):
-        ids = rng.integers(5, 16000, (batch, 128))
-        feeds[f"{batch:2d} x 128"] = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        feeds[f"{batch:2d} x 128"] = _feed(rng, batch, 128)
     with tempfile.TemporaryDirectory() as d:
         sessions = {}
         for label, first in (("every position", False), ("first token", True)):

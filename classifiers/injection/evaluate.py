@@ -260,7 +260,7 @@ def _recipe(args: argparse.Namespace) -> Recipe:
     return Recipe(**json.loads(args.recipe)) if args.recipe else Recipe()
 
 
-def _student_factory(args: argparse.Namespace) -> Callable[[], Model]:
+def _student_factory(args: argparse.Namespace, rows: Sequence[Row]) -> Callable[[], Model]:
     from tokenizers import Tokenizer
 
     from classifiers.injection.teacher import Embedder
@@ -271,9 +271,7 @@ def _student_factory(args: argparse.Namespace) -> Callable[[], Model]:
     embedder = Embedder(args.work / "minilm-embeddings.npz")
     # Pre-trained on the whole pool's texts, labels unused (docs/injection.md), as training does:
     # a training run's cached encoder is reused, and a fresh checkout builds it here.
-    encoder = (
-        encoder_for(tok, load(DATASETS / "train.jsonl"), recipe, args.work) if recipe.pretrained else None
-    )
+    encoder = encoder_for(tok, rows, recipe, args.work) if recipe.pretrained else None
     return lambda: Student(tok, recipe, encoder=encoder, embedder=embedder)
 
 
@@ -364,7 +362,7 @@ def main() -> None:
         embedder = Embedder(args.work / "minilm-embeddings.npz")
         make = lambda: Teacher(embedder)  # noqa: E731 - a factory
     else:
-        make = _student_factory(args)
+        make = _student_factory(args, rows)
     if args.augment:
         inner, recipe = make, _recipe(args)
         make = lambda: Augmented(inner(), recipe)  # noqa: E731 - a factory

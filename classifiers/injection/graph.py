@@ -205,10 +205,9 @@ def convert(model_dir: Path) -> dict[str, float] | None:
     read as the gateway reads them. None, and nothing written, if it was converted already."""
     import shutil
     import tempfile
-    import time
 
     from classifiers.injection.data import DATASETS, load
-    from classifiers.injection.runtime import InjectionModel, Manifest, sha256_file
+    from classifiers.injection.runtime import InjectionModel, Manifest, revision_name, sha256_file
 
     path = model_dir / "manifest.json"
     before = Manifest.load(path)
@@ -222,7 +221,7 @@ def convert(model_dir: Path) -> dict[str, float] | None:
         onnx.save(converted, str(before.model))
         sha = sha256_file(before.model)
         doc = json.loads(path.read_text(encoding="utf-8"))
-        doc |= {"model_sha256": sha, "revision": f"ztgate-injection-{time.strftime('%Y%m%d')}-{sha[:8]}"}
+        doc |= {"model_sha256": sha, "revision": revision_name(sha)}
         path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         a = InjectionModel(dataclasses.replace(before, model=old), cache_size=0)
         b = InjectionModel(Manifest.load(path), cache_size=0)

@@ -85,6 +85,13 @@ def cut_windows(ids: Sequence[int], body: int, cap: int) -> list[list[int]]:
     return [list(ids[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
+def revision_name(model_sha256: str) -> str:
+    """The revision a model export is shipped under: the day it was made and its sha256."""
+    import time
+
+    return f"ztgate-injection-{time.strftime('%Y%m%d')}-{model_sha256[:8]}"
+
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file."""
     h = hashlib.sha256()

@@ -131,7 +131,7 @@ class Windows:
         starts = {0, len(ids) - self.body, *(rng.randrange(0, len(ids) - self.body) for _ in range(crops))}
         return [(self.wrap(ids[s : s + self.body]), False) for s in sorted(starts)]
 
-    def for_scoring(self, ids: Sequence[int], cap: int = 8) -> list[list[int]]:
+    def for_scoring(self, ids: Sequence[int], cap: int) -> list[list[int]]:
         return [self.wrap(c) for c in cut_windows(ids, self.body, cap)]
 
 
@@ -529,7 +529,7 @@ def _dev_metrics(scores: Sequence[float], rows: Sequence[Row], thr: float) -> di
 
 
 def _write_manifest(out: Path, recipe: Recipe, threshold: float) -> dict[str, Any]:
-    from classifiers.injection.runtime import sha256_file
+    from classifiers.injection.runtime import revision_name, sha256_file
 
     model_sha = sha256_file(out / "model.onnx")
     manifest = {
@@ -540,7 +540,7 @@ def _write_manifest(out: Path, recipe: Recipe, threshold: float) -> dict[str, An
         "max_length": recipe.window or recipe.max_length,
         "max_windows": recipe.max_windows,
         "threshold": round(threshold, 4),
-        "revision": f"ztgate-injection-{time.strftime('%Y%m%d')}-{model_sha[:8]}",
+        "revision": revision_name(model_sha),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
