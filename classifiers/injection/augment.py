@@ -335,3 +335,23 @@ def composed_benign(rows: Sequence[Row], n: int, seed: int = 0) -> list[Row]:
             )
         out.setdefault(text, Row(text, 0, f"augment-benign:{style}"))
     return list(out.values())
+
+
+def prompted_documents(rows: Sequence[Row], prompts: Sequence[Row], n: int, seed: int = 0) -> list[Row]:
+    """`n` benign documents (from `rows`) under a system prompt or task template written for such
+    a document (`prompts`, the frameworks' benign prompts): what a RAG or summarising application
+    sends. A Chinese document gets a Chinese prompt half the time when there is one."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible augmentation, not a secret
+    en_docs, zh_docs = _documents(rows)
+    zh_prompts = [p.text for p in prompts if p.language == "zh"]
+    en_prompts = [p.text for p in prompts if p.language != "zh"]
+    out: dict[str, Row] = {}
+    for i in range(4 * n):
+        if len(out) == n or not en_prompts:
+            break
+        zh = i % 3 == 2 and bool(zh_docs)
+        doc = rng.choice(zh_docs if zh else en_docs).text
+        prompt = rng.choice(zh_prompts if zh and zh_prompts and rng.random() < 0.5 else en_prompts)
+        text = prompt + "\n\n" + doc if rng.random() < 0.7 else doc + "\n\n" + prompt
+        out.setdefault(text, Row(text, 0, "augment-benign:prompted-document"))
+    return list(out.values())

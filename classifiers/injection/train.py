@@ -83,6 +83,7 @@ class Recipe:
     # ... and extra_prompts.jsonl (benign prompts of LLM frameworks, extra_prompts.py): off, measured
     # no better on the grouped folds (model card)
     prompts: bool = False
+    prompt_docs: int = 0  # augmentation (with `prompts`): training documents under those prompts
     calib_fpr: float = 0.005  # threshold: flags this share of the held-back benign rows (model card)
     pretrained: bool = True  # start from the masked-LM encoder (False: from random weights)
 
@@ -302,6 +303,7 @@ def augmented(rows: Sequence[Row], r: Recipe) -> list[Row]:
         *augment.composed_attacks(r.composed, r.seed),
         *augment.composed_indirect(rows, r.indirect, r.seed),
         *augment.composed_benign(rows, r.benign, r.seed),
+        *(augment.prompted_documents(rows, extra.prompts(), r.prompt_docs, r.seed) if r.prompts else ()),
     ]
 
 

@@ -88,6 +88,25 @@ def test_composed_benign_mirrors_attack_shapes_without_attacks() -> None:
     assert {r.language for r in out} == {"en", "zh"}
 
 
+def test_prompted_documents_put_a_benign_document_under_a_framework_prompt() -> None:
+    prompts = [
+        Row(
+            "Answer the question using only the document below. Say so when it is not there.",
+            0,
+            "frameworks:a",
+        ),
+        Row("你是一个写作助手，请依据参考资料完成写作任务，不要编造内容。", 0, "frameworks:b"),
+    ]
+    out = augment.prompted_documents([*DOCS, *ZH_DOCS, *ATTACKS], prompts, 12, seed=0)
+    assert out == augment.prompted_documents([*DOCS, *ZH_DOCS, *ATTACKS], prompts, 12, seed=0)
+    assert len(out) == 12 and {r.label for r in out} == {0}
+    assert {r.source for r in out} == {"augment-benign:prompted-document"}
+    for r in out:
+        assert any(p.text in r.text for p in prompts)
+        assert any(d.text in r.text for d in [*DOCS, *ZH_DOCS])  # documents from benign rows only
+    assert augment.prompted_documents(DOCS, [], 5) == []  # no prompts: nothing made
+
+
 def test_windows_cover_short_texts_whole_and_long_texts_at_both_ends() -> None:
     tok = train_tokenizer([d.text for d in DOCS] + [a.text for a in ATTACKS] + ["你好世界"] * 5, 400, 1)
     win = Windows(tok, 32)
