@@ -67,7 +67,7 @@ EXTRA_SHA256 = "ddc490826d9a1223df9d4cd91990cce5c3e3605b590ef73c938f995fec68c400
 # (`Recipe.prompts`, off; model card).
 PROMPTS = Path(__file__).with_name("extra_prompts.jsonl")
 PROMPTS_SHA256 = "cecb7666b387da68689aed2a334192b2abf39e99fd33da491c7cae06acc8aa03"
-PROMPT_FAMILIES = frozenset({"promptbench", "frameworks"})
+PROMPT_FAMILIES = extra_prompts.FAMILIES
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ What is kept from a package's Python source: a string literal that is not a docs
 argument of an exception, warning, log or print call, reads as prose (mostly letters and spaces),
 and either sits in a file whose path names prompts or addresses a model ("You are", "Your task",
 "Please", "你是", "请"…). Template slots (`{context}`, `{{question}}`) are dropped, so the rows
-do not teach "braces mean benign". Red-teaming packages (garak, pyrit) are not read here: their
-prompts ask a model to write attacks.
+do not teach "braces mean benign". Red-teaming packages (garak, pyrit) are not read here (their
+prompts ask a model to write attacks), nor a framework's own red-teaming files.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ from collections.abc import Iterator
 import yaml
 
 from classifiers.injection.data import Row
+
+# The rows' families (the source up to its colon): one for all frameworks, one for PromptBench.
+FRAMEWORKS_FAMILY = "frameworks"
+PROMPTBENCH_FAMILY = "promptbench"
+FAMILIES = frozenset({FRAMEWORKS_FAMILY, PROMPTBENCH_FAMILY})
 
 PER_PACKAGE = 250  # rows per package at most, so no one framework's phrasing dominates
 
@@ -132,7 +137,7 @@ def framework(z: zipfile.ZipFile, project: str, rng: random.Random) -> list[Row]
                 found.add(text)
     pick = sorted(found)
     rng.shuffle(pick)
-    return [Row(t, 0, f"frameworks:{project}") for t in pick[:PER_PACKAGE]]
+    return [Row(t, 0, f"{FRAMEWORKS_FAMILY}:{project}") for t in pick[:PER_PACKAGE]]
 
 
 def promptbench(z: zipfile.ZipFile) -> list[Row]:
@@ -146,5 +151,5 @@ def promptbench(z: zipfile.ZipFile) -> list[Row]:
                 head = node.value.split("{content}")[0].rsplit("\n", 1)[0]
                 text = _clean(head.replace("{task}", "this topic"))
                 if len(text) >= 30:
-                    rows.append(Row(text, 0, f"promptbench:{kind.replace('_', '-')}"))
+                    rows.append(Row(text, 0, f"{PROMPTBENCH_FAMILY}:{kind.replace('_', '-')}"))
     return rows
