@@ -1,8 +1,8 @@
-"""The floor: a bare grpc.aio ext_proc server with no chain, asking for the same 4 phases as the
-full chain and answering each message with a fixed response. `python -m bench.bare_extproc PORT CLUSTER`.
+"""The floor: a bare grpc.aio ext_proc server with no chain, asking for the same 4 phases as a
+chain that reads answers and answering each message with a fixed response. `python -m bench.bare_extproc PORT CLUSTER`.
 
-The benchmark runs it in place of the workers, so the difference to the full chain is what the
-chain itself costs, and the rest is gRPC's and Envoy's.
+The benchmark runs it in place of the workers, so the difference to the chain with answers read
+is what the chain itself costs, and the rest is gRPC's and Envoy's.
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 Side by side in one run, against the same upstream (an Envoy direct_response, so the upstream costs
 almost nothing): Envoy alone as a pass-through proxy; the gateway with a no-op chain
 (`static_route`: request headers only); the gateway with the real chain (principal + protocol +
-route: 4 ext_proc phases), and that chain with PII redaction of answers (as the shipped default
-policy has it). For each, at concurrency 1, 8 and 32: req/s, p50/p99 latency, the p50/p99 added
+route: 2 ext_proc phases, since no filter reads the answer); the same chain with the answer read
+(`bench.answer_reader`, a filter that takes the answer and does nothing: 4 phases, the answer
+parsed), and the chain with PII redaction of answers (4 phases, as the shipped default policy
+has it). For each, at concurrency 1, 8 and 32: req/s, p50/p99 latency, the p50/p99 added
 over Envoy alone, and CPU µs per request of Envoy and of the workers (from /proc). Then time to
 first token on a streamed answer, Envoy alone vs the chains.
 
@@ -185,6 +187,7 @@ def _start_gateway(  # noqa: PLR0917 - a benchmark helper, called in one place
             "ZTGATE_FILTERS": filters,
             "ZTGATE_STATIC_UPSTREAM": "bench",
             "ZTGATE_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "info"),
+            "ZTGATE_FILTER_MODULES": "bench.answer_reader",
         }
     )
     s = Settings(
@@ -194,6 +197,7 @@ def _start_gateway(  # noqa: PLR0917 - a benchmark helper, called in one place
         registry_file=d / "registry.yaml",
         keys_file=d / "keys.yaml",
         filters=tuple(filters.split(",")),
+        filter_modules=("bench.answer_reader",),
         static_upstream="bench",
         log_level="warning",
     )
@@ -340,6 +344,7 @@ def main() -> None:
         ("grpc floor", "bare", False),
         ("no-op chain", "static_route", False),
         ("full chain", "principal,protocol,route", False),
+        ("+ answers", "principal,protocol,route,read_answers", False),
         ("chain + pii", "principal,protocol,route,pii", False),
     ]
     results: dict[str, dict[int, dict[str, float]]] = {}
@@ -372,7 +377,7 @@ def main() -> None:
                             "envoy_us": (cpu1[0] - cpu0[0]) / n * 1e6,
                             "workers_us": (cpu1[1] - cpu0[1]) / n * 1e6,
                         }
-                    if name in ("envoy-only", "full chain", "chain + pii"):
+                    if name in ("envoy-only", "full chain", "+ answers", "chain + pii"):
                         ttft[name] = asyncio.run(_ttft(stack.url_port, args.ttft))
                 finally:
                     stop_all(stack.procs)
@@ -398,7 +403,7 @@ def main() -> None:
     print("\nstreamed answer, time to first content chunk (c=1):")
     for name, xs in ttft.items():
         print(f"  {name:<12} p50 {_pct(xs, 0.5):.2f} ms  p99 {_pct(xs, 0.99):.2f} ms")
-    for name in ("full chain", "chain + pii"):
+    for name in ("full chain", "+ answers", "chain + pii"):
         if name in ttft:
             print(
                 f"  added by {name}: p50 {_pct(ttft[name], 0.5) - _pct(ttft['envoy-only'], 0.5):.2f} ms, "

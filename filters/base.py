@@ -115,6 +115,10 @@ class Filter(Protocol):
 
     name: ClassVar[str]
     phases: ClassVar[Phase]
+    # Phases among `phases` that this filter takes only to serve later filters (the protocol
+    # filter parses answers so that content filters can read them): the chain drops them when no
+    # other filter takes them for itself, so Envoy is not asked for messages nobody reads.
+    on_behalf: ClassVar[Phase]
     # Filters that must run earlier in the chain: what this one reads, they set. A chain that
     # breaks this is refused, since e.g. rules checked before routing would not see the model.
     needs: ClassVar[tuple[str, ...]]
@@ -145,6 +149,7 @@ class BaseFilter:
 
     name: ClassVar[str] = "base"
     phases: ClassVar[Phase] = Phase.NONE
+    on_behalf: ClassVar[Phase] = Phase.NONE
     needs: ClassVar[tuple[str, ...]] = ()
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:

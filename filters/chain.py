@@ -212,12 +212,16 @@ class Chain:
         self.filters = tuple(filters)
         self.recorder = recorder
         self.revision = "-"  # the policy revision this chain was built from
-        self.phases = Phase.NONE
+        # What the filters take for themselves; phases taken on behalf of others only if wanted.
+        own = Phase.NONE
         for f in self.filters:
-            self.phases |= f.phases
+            own |= f.phases & ~f.on_behalf
+        effective = {id(f): (f.phases & ~f.on_behalf) | (f.on_behalf & own) for f in self.filters}
+        self.phases = own
         # Flag arithmetic is slow in Python: who runs in which phase is settled once, here.
         self._members: dict[str, tuple[Filter, ...]] = {
-            label: tuple(f for f in self.filters if f.phases & mask) for label, mask in _PHASE_MASKS.items()
+            label: tuple(f for f in self.filters if effective[id(f)] & mask)
+            for label, mask in _PHASE_MASKS.items()
         }
 
     @property

@@ -3,7 +3,7 @@
 Requests are validated strictly (bad JSON, wrong types, invalid UTF-8, oversized or unknown calls
 get a clear 4xx and never reach an upstream). Answers are reassembled per choice, streamed or
 not, so later filters read text, not protocol. An answer that cannot be parsed is refused (502):
-what cannot be checked is not forwarded.
+what cannot be checked is not forwarded. Answers are read only when a later filter reads them.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ class ProtocolParser(BaseFilter):
 
     name: ClassVar[str] = "protocol"
     phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY | Phase.RESPONSE_BODY
+    # Answers are parsed for the filters that read them (pii, later audit); with none in the
+    # chain, Envoy is not asked for the answer at all (two ext_proc messages fewer per request).
+    on_behalf: ClassVar[Phase] = Phase.RESPONSE_BODY
 
     def __init__(self, max_body_bytes: int) -> None:
         self._max_body = max_body_bytes

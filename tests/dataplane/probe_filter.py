@@ -16,7 +16,8 @@ from filters.chain import BuildEnv, register
 
 class Probe(BaseFilter):
     name: ClassVar[str] = "probe"
-    phases: ClassVar[Phase] = Phase.REQUEST_HEADERS
+    # It reads the answer, so the protocol filter must parse it (answers are parsed only when read).
+    phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.RESPONSE_BODY
 
     def __init__(self, path: str) -> None:
         self._path = path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -166,6 +167,44 @@ async def test_chain_folds_in_order_and_stops_at_deny() -> None:
         ("set", "mutate"),
         ("set", "mutate"),
         ("deny", "deny"),
+    ]
+
+
+class _Reader(BaseFilter):
+    name = "reader"
+    phases = Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY
+    needs: ClassVar[tuple[str, ...]] = ("protocol",)
+
+    async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
+        assert ctx.answer is not None  # the protocol filter parsed it first
+        return CONTINUE
+
+
+async def test_answers_are_asked_for_only_when_a_filter_reads_them() -> None:
+    env = BuildEnv(Settings())
+    lean = build(["protocol"], env)
+    # No filter reads answers: Envoy is asked for the request only (2 ext_proc messages).
+    assert lean.phases == Phase.REQUEST_HEADERS | Phase.REQUEST_BODY
+    ctx = _ctx({})
+    ctx.response_headers = {"content-type": "application/json"}
+    await lean.response_headers(ctx)
+    assert ctx.verdicts == []  # no filter runs in a phase the chain did not ask for
+    full = Chain([*lean.filters, _Reader()])
+    assert (
+        full.phases
+        == Phase.REQUEST_HEADERS | Phase.REQUEST_BODY | Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY
+    )
+    ctx = _ctx({})
+    assert await full.request_headers(ctx) is CONTINUE
+    ctx.response_status, ctx.response_headers = 200, {"content-type": "application/json"}
+    assert await full.response_headers(ctx) is CONTINUE
+    body = b'{"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]}'
+    assert await full.response_chunk(ctx, body, True) is CONTINUE
+    assert [(v.filter, v.phase) for v in ctx.verdicts[1:]] == [
+        ("protocol", "response_headers"),
+        ("reader", "response_headers"),
+        ("protocol", "response_body"),
+        ("reader", "response_body"),
     ]
 
 
