@@ -212,15 +212,14 @@ class Chain:
         self.filters = tuple(filters)
         self.recorder = recorder
         self.revision = "-"  # the policy revision this chain was built from
-        # What the filters take for themselves; phases taken on behalf of others only if wanted.
-        own = Phase.NONE
+        # What the filters take for themselves; a phase taken on behalf of others only if one
+        # of them takes it for itself.
+        self.phases = Phase.NONE
         for f in self.filters:
-            own |= f.phases & ~f.on_behalf
-        effective = {id(f): (f.phases & ~f.on_behalf) | (f.on_behalf & own) for f in self.filters}
-        self.phases = own
+            self.phases |= f.phases & ~f.on_behalf
         # Flag arithmetic is slow in Python: who runs in which phase is settled once, here.
         self._members: dict[str, tuple[Filter, ...]] = {
-            label: tuple(f for f in self.filters if effective[id(f)] & mask)
+            label: tuple(f for f in self.filters if f.phases & mask & (self.phases | ~f.on_behalf))
             for label, mask in _PHASE_MASKS.items()
         }
 

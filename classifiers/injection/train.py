@@ -120,7 +120,9 @@ class Windows:
     def __init__(self, tok: Any, max_length: int) -> None:
         self.tok = tok
         self.body = max_length - 2
-        self.bos, self.eos, self.pad = (tok.token_to_id(t) for t in ("<s>", "</s>", "<pad>"))
+        self.bos, self.eos, self.pad, self.mask = (
+            tok.token_to_id(t) for t in ("<s>", "</s>", "<pad>", "<mask>")
+        )
 
     def ids(self, texts: Sequence[str]) -> list[list[int]]:
         self.tok.no_truncation()
@@ -141,6 +143,10 @@ class Windows:
 
     def for_scoring(self, ids: Sequence[int], cap: int) -> list[list[int]]:
         return [self.wrap(c) for c in cut_windows(ids, self.body, cap)]
+
+    def text_tokens(self, ids: Any, att: Any) -> Any:
+        """Where a padded batch holds text: not <s>, </s> or padding (the tokens that may be masked)."""
+        return (ids != self.bos) & (ids != self.eos) & (att == 1)
 
 
 def _batches(
@@ -216,7 +222,7 @@ def pretrain(tok: Any, texts: Sequence[str], recipe: Recipe, out: Path, log: Any
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.mlm_lr, weight_decay=0.01)
     sched = _schedule(torch, opt, recipe.mlm_steps)
-    mask_id, vocab = tok.token_to_id("<mask>"), tok.get_vocab_size()
+    vocab = tok.get_vocab_size()
     lengths = [len(s) for s in seqs]
     step, t0, seen = 0, time.time(), 0.0
     while step < recipe.mlm_steps:
@@ -224,14 +230,13 @@ def pretrain(tok: Any, texts: Sequence[str], recipe: Recipe, out: Path, log: Any
         rng.shuffle(order)
         for b in _batches(lengths, order, recipe.mlm_batch, rng):
             ids, att = _pad(torch, [seqs[j] for j in b], win.pad)
-            special = (ids == win.bos) | (ids == win.eos) | (att == 0)
-            pick = (torch.rand(ids.shape) < 0.15) & ~special
+            pick = (torch.rand(ids.shape) < 0.15) & win.text_tokens(ids, att)
             if not pick.any():
                 continue
             labels = ids[pick]
             inp = ids.clone()
             r = torch.rand(ids.shape)
-            inp[pick & (r < 0.8)] = mask_id
+            inp[pick & (r < 0.8)] = win.mask
             rand = pick & (r >= 0.8) & (r < 0.9)
             inp[rand] = torch.randint(5, vocab, (int(rand.sum()),))
             hidden = model.roberta(input_ids=inp, attention_mask=att).last_hidden_state
@@ -389,10 +394,9 @@ class Student:
         self.model = model
 
     def _drop_tokens(self, torch: Any, ids: Any, att: Any, share: float) -> Any:
-        """`ids` with about `share` of the real tokens (not <s>, </s>, padding) set to <mask>."""
-        special = (ids == self.win.bos) | (ids == self.win.eos) | (att == 0)
+        """`ids` with about `share` of the text tokens set to <mask>."""
         out = ids.clone()
-        out[(torch.rand(ids.shape) < share) & ~special] = self.tok.token_to_id("<mask>")
+        out[(torch.rand(ids.shape) < share) & self.win.text_tokens(ids, att)] = self.win.mask
         return out
 
     def score(self, texts: Sequence[str]) -> list[float]:
