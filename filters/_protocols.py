@@ -34,6 +34,8 @@ class Prompt:
     segments: tuple[Segment, ...] = ()
     document: Any = None
     binary_tail: bytes = b""
+    # The prompt text as the client sent it, kept by a filter that rewrites `segments` (pii).
+    received_text: str | None = None
 
     @property
     def text(self) -> str:

@@ -56,7 +56,10 @@ class Access(BaseFilter):
                 rule.message if rule else "this request is not allowed by policy",
             )
         if out.action in (Action.FLAG, Action.REVIEW):
-            ctx.verdicts += [Verdict(self.name, "decide", out.action.value, 0.0, name) for name in out.marks]
+            # Each matching rule with its own action: a review rule escalates, a flag rule counts.
+            ctx.verdicts += [
+                Verdict(self.name, "decide", policy.action_of(name).value, 0.0, name) for name in out.marks
+            ]
         if out.redact:
             ctx.redact_rules = out.redact
             ctx.verdicts += [Verdict(self.name, "decide", "redact", 0.0, name) for name in out.redact]

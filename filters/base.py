@@ -26,6 +26,10 @@ class Phase(Flag):
     REQUEST_BODY = auto()
     RESPONSE_HEADERS = auto()
     RESPONSE_BODY = auto()
+    # Not an Envoy message: the request's outcome is known and its last response is about to
+    # leave the gateway (or the stream ended early). Risk events and the audit record are written
+    # here, before the client has the answer, so a failed write can still refuse it.
+    SETTLE = auto()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,13 @@ class Verdict:
     counts: tuple[tuple[str, int], ...] = ()
 
 
+def fail_mode_verdict(filter_name: str, dependency: str, why: str, *, let_through: bool) -> Verdict:
+    """The verdict of a dependency's fail mode firing; the audit record lists these."""
+    return Verdict(
+        filter_name, "fail_mode", "flag" if let_through else "deny", 0.0, f"{dependency}_failed={why}"
+    )
+
+
 @dataclass(slots=True)
 class RequestContext:
     """State of one HTTP request; made at request headers, dropped when the stream ends."""
@@ -107,6 +118,12 @@ class RequestContext:
     redact_rules: tuple[str, ...] = ()
     # Per-filter private state for this request, keyed by filter name; gone with the request.
     state: dict[str, object] = field(default_factory=dict)
+    # Set by the server before SETTLE: allowed (forwarded), denied, responded (by the gateway) or
+    # aborted (the stream ended before the answer did); the status the client gets and, for a
+    # refusal, its user-safe code.
+    outcome: str = "allowed"
+    status: int = 0
+    error_code: str = ""
 
 
 @runtime_checkable
@@ -139,6 +156,14 @@ class Filter(Protocol):
         """A response body chunk (the whole body when not streamed); `end` marks the last one."""
         ...
 
+    async def on_settle(self, ctx: RequestContext) -> Decision:
+        """SETTLE: the outcome is in ctx (outcome, status, error_code, verdicts); record it.
+
+        A Deny refuses a request that was going to be let through (where the answer has not
+        left yet); an already refused request stays refused as it was.
+        """
+        ...
+
     async def on_end(self, ctx: RequestContext) -> None:
         """The stream ended (normally or not); release per-request resources, record results."""
         ...
@@ -162,6 +187,9 @@ class BaseFilter:
         return CONTINUE
 
     async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
+        return CONTINUE
+
+    async def on_settle(self, ctx: RequestContext) -> Decision:
         return CONTINUE
 
     async def on_end(self, ctx: RequestContext) -> None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from filters.base import CONTINUE, Continue, Decision, Deny, Filter, Phase, RequestContext, Verdict
 from gateway.config_yaml import hint_for
+from gateway.errors import ErrorCode
 
 T = TypeVar("T")
 
@@ -34,6 +35,8 @@ class BuildEnv:
     """
 
     settings: Settings
+    # Which process builds: `w<port>` for a worker (names its audit chain), `cli` for tools.
+    instance: str = "cli"
     reloadables: list[Reloadable[Any]] = field(default_factory=list)
     # Engines shared by every chain this process builds (one per policy revision): built once.
     engines: dict[str, Any] = field(default_factory=dict)
@@ -44,6 +47,15 @@ class BuildEnv:
             self.engines[name] = make()
         value: T = self.engines[name]
         return value
+
+    async def close(self) -> None:
+        """Close the engines that hold resources (files, connection pools), once, at exit."""
+        for engine in self.engines.values():
+            closer = getattr(engine, "aclose", None) or getattr(engine, "close", None)
+            if callable(closer):
+                result = closer()
+                if hasattr(result, "__await__"):
+                    await result
 
 
 Factory = Callable[[BuildEnv, Any], Filter]
@@ -57,6 +69,8 @@ _BUILTIN_MODULES = (
     "filters.access",
     "filters.pii",
     "filters.prompt_injection",
+    "filters.risk",
+    "filters.audit",
 )
 
 
@@ -178,6 +192,7 @@ _PHASE_MASKS = {
     # A filter that reads the answer also sees its headers (to know status and content type).
     "response_headers": Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY,
     "response_body": Phase.RESPONSE_BODY,
+    "settle": Phase.SETTLE,
 }
 
 
@@ -277,6 +292,31 @@ class Chain:
     async def response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
         """Run every filter's on_response_chunk on one body chunk."""
         return await self._fold(ctx, "response_body", chunk, end)
+
+    async def settle(self, ctx: RequestContext) -> Decision:
+        """Every SETTLE filter in order, each seeing the outcome as those before it left it.
+
+        Returns the first refusal of a request that was not refused yet (CONTINUE otherwise).
+        A filter that raises counts as a refusal (fail closed), and the filters after it still
+        run: the audit record is written even when the risk store failed.
+        """
+        refusal: Decision = CONTINUE
+        for f in self._members["settle"]:
+            t0 = time.perf_counter()
+            try:
+                d = await f.on_settle(ctx)
+                detail = ""
+            except Exception as exc:  # noqa: BLE001 - a bug here refuses, and the rest still record
+                d = Deny(500, ErrorCode.INTERNAL, "internal gateway error")
+                detail = f"error={type(exc).__name__}"
+            dt = time.perf_counter() - t0
+            action = "deny" if isinstance(d, Deny) else "continue"
+            self.recorder(f.name, "settle", action, dt)
+            ctx.verdicts.append(Verdict(f.name, "settle", action, dt, detail))
+            if isinstance(d, Deny) and ctx.outcome in ("allowed", "responded"):
+                ctx.outcome, ctx.status, ctx.error_code = "denied", d.status, str(d.code)
+                refusal = d
+        return refusal
 
     async def end(self, ctx: RequestContext) -> None:
         """Every filter's on_end, whatever happened; one failing does not skip the others."""

@@ -15,13 +15,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import re
-import secrets
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import phonenumbers
@@ -34,6 +31,7 @@ from filters import _kserve, _openai
 from filters._protocols import Prompt, Slot, StreamEvent, compact_json
 from filters.base import CONTINUE, BaseFilter, Continue, Decision, Phase, RequestContext, Verdict
 from filters.chain import BuildEnv, register
+from gateway.keyfile import load_or_create
 from gateway.registry import Protocol
 
 # Texts longer than this are redacted off the event loop, so the phase budget can still fire.
@@ -118,27 +116,6 @@ class PiiParams(BaseModel):
         return v
 
 
-def hash_key(path: Path) -> bytes:
-    """The replacement-hash key: made once (0600) and shared by every worker and restart.
-
-    Written whole to a private file and linked into place, so a worker starting at the same
-    moment reads either no file or the whole key, never an empty one.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another worker won; use its key
-        finally:
-            tmp.unlink()
-    return bytes.fromhex(path.read_text().strip())
-
-
 @dataclass(slots=True)
 class _State:
     stream: StreamRedactor | None = None
@@ -184,7 +161,7 @@ class PiiRedactor(BaseFilter):
     """Redact PII in prompts and answers with presidio and ztgate's recognizers."""
 
     name: ClassVar[str] = "pii"
-    phases: ClassVar[Phase] = Phase.REQUEST_BODY | Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY
+    phases: ClassVar[Phase] = Phase.REQUEST_BODY | Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY | Phase.SETTLE
     needs: ClassVar[tuple[str, ...]] = ("protocol",)
 
     def __init__(self, engine: PiiEngine, replace: Replacer, params: PiiParams) -> None:
@@ -243,6 +220,8 @@ class PiiRedactor(BaseFilter):
             return CONTINUE
         new_body, header_length = result
         p.document = doc
+        if p.received_text is None:
+            p.received_text = p.text  # the audit fingerprints what the client sent
         p.segments = tuple(_reparse(p.protocol, p.operation, p.model_ref, new_body, header_length))
         headers = ((_kserve.HEADER_LENGTH, header_length),) if header_length else ()
         return Continue(set_headers=headers, body=new_body)
@@ -340,7 +319,7 @@ class PiiRedactor(BaseFilter):
                     doc[str(key)] = text
         return [_sse(StreamEvent(None, doc), doc)]
 
-    async def on_end(self, ctx: RequestContext) -> None:
+    async def on_settle(self, ctx: RequestContext) -> Decision:
         st = ctx.state.get(self.name)
         if isinstance(st, _State) and st.stream is not None:
             st.found.update({("response", e): n for e, n in st.stream.found.items()})
@@ -350,6 +329,7 @@ class PiiRedactor(BaseFilter):
             detail = ",".join(f"{kind}={n}" for kind, n in counts)
             action = "monitor" if self._shadow(ctx) else "redact"
             ctx.verdicts.append(Verdict(self.name, "end", action, 0.0, detail, counts))
+        return CONTINUE
 
 
 def _reparse(
@@ -383,5 +363,5 @@ def _build(env: BuildEnv, params: PiiParams) -> PiiRedactor:
 
     engine = env.engine(f"pii:{key}", make)
     mode = Replacement(params.replacement)
-    secret = hash_key(env.settings.pii_key_path) if mode is Replacement.HASH else b""
+    secret = load_or_create(env.settings.pii_key_path) if mode is Replacement.HASH else b""
     return PiiRedactor(engine, replacer(mode, secret), params)

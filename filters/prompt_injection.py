@@ -20,7 +20,16 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from classifiers.injection.runtime import InjectionModel, Manifest
-from filters.base import CONTINUE, BaseFilter, Decision, Deny, Phase, RequestContext, Verdict
+from filters.base import (
+    CONTINUE,
+    BaseFilter,
+    Decision,
+    Deny,
+    Phase,
+    RequestContext,
+    Verdict,
+    fail_mode_verdict,
+)
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
 
@@ -108,11 +117,10 @@ class PromptInjection(BaseFilter):
         return CONTINUE
 
     def _failed(self, ctx: RequestContext, why: str) -> Decision:
-        mode = ctx.policy.spec.fail_mode.get("classifier") if ctx.policy else None
-        if mode is not None and mode.value == "allow_with_flag":
-            ctx.verdicts.append(Verdict(self.name, "score", "flag", 0.0, f"classifier_failed={why}"))
+        let_through = ctx.policy is not None and ctx.policy.fails_open("classifier")
+        ctx.verdicts.append(fail_mode_verdict(self.name, "classifier", why, let_through=let_through))
+        if let_through:
             return CONTINUE
-        ctx.verdicts.append(Verdict(self.name, "score", "deny", 0.0, f"classifier_failed={why}"))
         return Deny(
             503, ErrorCode.CLASSIFIER_UNAVAILABLE, "the content classifier is unavailable; try again later"
         )

@@ -126,11 +126,11 @@ def _policy_test(args: argparse.Namespace) -> int:
 
 def _cli_replacer(mode: str) -> Any:
     from classifiers.pii.engine import Replacement, replacer
-    from filters.pii import hash_key
+    from gateway.keyfile import load_or_create
     from gateway.settings import Settings
 
     s = Settings.from_env()
-    key = hash_key(s.pii_key_path) if mode == "hash" else b""
+    key = load_or_create(s.pii_key_path) if mode == "hash" else b""
     return replacer(Replacement(mode), key)
 
 

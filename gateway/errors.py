@@ -32,6 +32,9 @@ class ErrorCode(StrEnum):
     POLICY_DENIED = "policy_denied"
     PROMPT_REJECTED = "prompt_rejected"
     CLASSIFIER_UNAVAILABLE = "classifier_unavailable"
+    AUDIT_UNAVAILABLE = "audit_unavailable"
+    RISK_UNAVAILABLE = "risk_unavailable"
+    USER_UNDER_REVIEW = "user_under_review"
 
 
 _OPENAI_TYPE = {

@@ -52,6 +52,8 @@ class FailMode(StrEnum):
 
 
 Lax = Strict(False)  # enums come from YAML as strings
+# What the gateway depends on at run time: the risk store, the registry, the classifier, the audit log.
+Dependency = Literal["redis", "consul", "classifier", "audit"]
 
 
 class Scope(_Strict):
@@ -103,8 +105,10 @@ class PolicySpec(_Strict):
     )
     rules: list[Rule] = Field(default_factory=list, description="Scoped rules.")
     lists: dict[str, list[str]] = Field(default_factory=dict, description="Named lists, used as `@name`.")
-    fail_mode: dict[Literal["redis", "consul", "classifier"], Annotated[FailMode, Lax]] = Field(
-        default_factory=dict, description="Per dependency: deny (default) or allow_with_flag."
+    fail_mode: dict[Dependency, Annotated[FailMode, Lax]] = Field(
+        default_factory=dict,
+        description="Per dependency (redis: the risk store; audit: the audit log): deny (default) or "
+        "allow_with_flag (let through, flagged; the audit record names the mode that fired).",
     )
 
 
@@ -189,6 +193,14 @@ class CompiledPolicy:
     source: str
     chain: Chain
     rules: tuple[CompiledRule, ...]
+
+    def action_of(self, rule_name: str) -> Action:
+        """The action of the rule called `rule_name` (names are unique)."""
+        return next(r.rule.action for r in self.rules if r.rule.name == rule_name)
+
+    def fails_open(self, dependency: Dependency) -> bool:
+        """Does this policy let requests through (flagged) when `dependency` is down?"""
+        return self.spec.fail_mode.get(dependency) is FailMode.ALLOW_WITH_FLAG
 
     def decide(self, s: Subject) -> Outcome:
         """Allow/deny: the most specific matching rule (deny wins a tie), else `default_action`.
@@ -349,6 +361,27 @@ def compile_policy(text: str, source: str, env: BuildEnv) -> CompiledPolicy:
                     "add `- filter: pii` below `- filter: access`",
                 )
             )
+    for i, r in enumerate(spec.rules):
+        if r.action in (Action.FLAG, Action.REVIEW) and r.mode is Mode.ENFORCE and "risk" not in names:
+            problems.append(
+                at(
+                    marks,
+                    source,
+                    ("rules", i, "action"),
+                    f"a {r.action.value} rule needs the risk filter in the chain (it would do nothing)",
+                    "add `- filter: risk` below `- filter: principal`",
+                )
+            )
+    if "audit" in names and names[-1] != "audit":
+        problems.append(
+            at(
+                marks,
+                source,
+                ("chain", names.index("audit"), "filter"),
+                "audit must be the last filter",
+                "a filter after it could change the outcome after the record was written; move audit to the end",
+            )
+        )
     if problems or chain is None:
         raise ConfigError(problems)
     revision = hashlib.sha256(canonical(spec).encode()).hexdigest()[:12]

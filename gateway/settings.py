@@ -6,8 +6,10 @@ Only policy hot-reloads; everything here is fixed for the life of a process.
 from __future__ import annotations
 
 import os
+import re
+import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,6 +66,15 @@ class Settings:
     pii_key_file: Path | None = None
     # Where workers write their metric snapshots for the admin endpoint (set by `ztgate up`).
     metrics_dir: Path | None = None
+    # The risk store shared by every replica, and the prefix of ztgate's keys in it.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "ztgate:"
+    # Audit: one hash chain per worker process, `<audit_dir>/<instance>-<port>.jsonl`; the key of
+    # the keyed fingerprints (default <state_dir>/audit.key, made on first use; share it between
+    # replicas so one prompt has one fingerprint everywhere). `instance` names this host.
+    audit_dir: Path | None = None
+    audit_key_file: Path | None = None
+    instance: str = field(default_factory=socket.gethostname)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -97,6 +108,11 @@ class Settings:
             filter_modules=_list(e.get("ZTGATE_FILTER_MODULES", "")),
             pii_key_file=Path(e["ZTGATE_PII_KEY_FILE"]) if e.get("ZTGATE_PII_KEY_FILE") else None,
             metrics_dir=Path(e["ZTGATE_METRICS_DIR"]) if e.get("ZTGATE_METRICS_DIR") else None,
+            redis_url=e.get("ZTGATE_REDIS_URL", cls.redis_url),
+            redis_prefix=e.get("ZTGATE_REDIS_PREFIX", cls.redis_prefix),
+            audit_dir=Path(e["ZTGATE_AUDIT_DIR"]) if e.get("ZTGATE_AUDIT_DIR") else None,
+            audit_key_file=Path(e["ZTGATE_AUDIT_KEY_FILE"]) if e.get("ZTGATE_AUDIT_KEY_FILE") else None,
+            instance=e.get("ZTGATE_INSTANCE") or socket.gethostname(),
         )
         s.check()
         return s
@@ -106,6 +122,16 @@ class Settings:
         """Where the PII hash-replacement key lives (made on first use)."""
         return self.pii_key_file or self.state_dir / "pii-hash.key"
 
+    @property
+    def audit_path(self) -> Path:
+        """The directory of the audit chains."""
+        return self.audit_dir or self.state_dir / "audit"
+
+    @property
+    def audit_key_path(self) -> Path:
+        """Where the audit fingerprint key lives (made on first use)."""
+        return self.audit_key_file or self.state_dir / "audit.key"
+
     def check(self) -> None:
         """Refuse combinations that would make the gateway fail open or misbehave."""
         if self.message_timeout_s <= self.phase_budget_s:
@@ -114,3 +140,5 @@ class Settings:
             raise ValueError("max request body must not exceed Envoy's buffer limit")
         if not self.worker_ports:
             raise ValueError("at least one worker port is needed")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.instance):
+            raise ValueError(f"ZTGATE_INSTANCE must be a plain host name, got {self.instance!r}")

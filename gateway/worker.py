@@ -16,6 +16,7 @@ from typing import Any
 import uvloop
 
 from filters.chain import BuildEnv, Chain
+from gateway.audit import AuditError
 from gateway.config_yaml import ConfigError
 from gateway.extproc.server import ExtProcServer, serve
 from gateway.metrics import Metrics
@@ -31,13 +32,16 @@ async def _main(port: int) -> None:
     setup_logging(settings.log_level)
     registry = Registry.load(settings.registry_file)
     metrics = Metrics()
-    env = BuildEnv(settings)
+    env = BuildEnv(settings, instance=f"w{port}")
     policy = source_for(env, metrics.record)
     impl = ExtProcServer(lambda: policy.current, lambda: registry, settings.phase_budget_s, metrics)
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: task.cancel() if task else None)
+    writer = env.engines.get("audit:writer")
+    if writer is not None:
+        writer.open()  # a damaged chain refuses the start, not the first request
     log().info("worker_start", port=port, registry=registry.revision)
     _announce(policy.current.chain)
 
@@ -63,6 +67,10 @@ async def _main(port: int) -> None:
                 task.cancel()
         if mdir is not None:
             metrics.write(mdir, f"worker-{port}")
+        if writer is not None:
+            # Anchor: the head hash outside the chain, so cutting records off the end shows.
+            log().info("audit_head", path=str(writer.path), records=writer.seq, head=writer.head)
+        await env.close()
 
 
 def _announce(chain: Chain) -> None:
@@ -91,6 +99,8 @@ def main() -> None:
     except ConfigError as exc:
         # Located problems, not a traceback: the operator fixes the file and restarts.
         sys.exit(f"ztgate worker: configuration has problems:\n{exc}")
+    except AuditError as exc:
+        sys.exit(f"ztgate worker: {exc}")
 
 
 if __name__ == "__main__":

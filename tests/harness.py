@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,23 @@ class GatewayEnv:
 
         stop_all(self.gw.procs)
 
+    def audit(self) -> list[dict[str, Any]]:
+        """Every audit record written so far, all workers' chains, each chain verified first."""
+        from gateway import audit
+
+        out: list[dict[str, Any]] = []
+        for path in audit.chain_files(self.settings.audit_path):
+            checked = audit.verify(path)
+            assert checked.ok, checked.problem
+            out += audit.read(path)
+        return out
+
+    def audit_for(self, request_id: str) -> dict[str, Any]:
+        """The one audit record of a request."""
+        found = [r for r in self.audit() if r["trace_id"] == request_id]
+        assert len(found) == 1, f"{len(found)} audit records for {request_id}"
+        return found[0]
+
 
 def start_gateway(
     tmp: Path,
@@ -222,6 +240,9 @@ def _start_once(
         "ZTGATE_ENVOY_ADMIN_PORT": str(free_port()),
         "ZTGATE_WORKER_PORTS": ",".join(str(free_port()) for _ in range(workers)),
         "ZTGATE_STATE_DIR": str(ROOT / ".cache" / "ztgate"),
+        # Each gateway its own risk keys in the shared Redis and its own audit chains.
+        "ZTGATE_REDIS_PREFIX": f"ztgate-test-{uuid.uuid4().hex[:12]}:",
+        "ZTGATE_AUDIT_DIR": str(tmp / "audit"),
         "PYTHONPATH": str(ROOT),
         **env,
     }

@@ -44,6 +44,8 @@ class _Stream:
     chain: Chain | None = None
     outcome: str = "allowed"
     status: int = 0
+    code: str = ""
+    settled: bool = False
 
 
 class ExtProcServer:
@@ -97,6 +99,8 @@ class ExtProcServer:
                         at=where(exc),
                     )
                     resp = self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
+                if not st.settled and self._terminal(kind, req, st, resp):
+                    resp = await self._settle(st, resp)
                 self._metrics.phase(kind or "unknown", time.perf_counter() - t0)
                 yield resp
                 if resp.HasField("immediate_response"):
@@ -110,7 +114,45 @@ class ExtProcServer:
     def _deny(self, st: _Stream, d: Deny | Respond) -> cv.Message:
         st.outcome = "denied" if isinstance(d, Deny) else "responded"
         st.status = d.status
+        st.code = str(d.code) if isinstance(d, Deny) else ""
         return cv.immediate(d, self._rid(st), st.kserve)
+
+    @staticmethod
+    def _terminal(kind: str | None, req: cv.Message, st: _Stream, resp: cv.Message) -> bool:
+        """Is `resp` the last thing the gateway says about this request?"""
+        if resp.HasField("immediate_response"):
+            return True
+        answer_phases = st.response_headers_mode != cv.SKIP
+        if kind == "request_headers":
+            return not answer_phases and bool(st.request_body_mode == cv.NONE)
+        if kind == "request_body":
+            return not answer_phases
+        if kind == "response_headers":
+            return bool(st.response_body_mode == cv.NONE)
+        return kind == "response_body" and bool(req.response_body.end_of_stream)
+
+    async def _settle(self, st: _Stream, resp: cv.Message) -> cv.Message:
+        """Run SETTLE before `resp` leaves; a refusal there replaces a response that let it through."""
+        st.settled = True
+        ctx, chain = st.ctx, st.chain
+        if ctx is None or chain is None:
+            return resp
+        ctx.outcome, ctx.status, ctx.error_code = st.outcome, st.status or ctx.response_status or 0, st.code
+        try:
+            d = await within(self._budget, chain.settle(ctx))
+        except TimeoutError:
+            self._metrics.failure("timeout")
+            self._log.warning("phase_timeout", request_id=ctx.request_id, phase="settle")
+            d = Deny(504, ErrorCode.GATEWAY_TIMEOUT, "the gateway took too long")
+        except Exception as exc:  # noqa: BLE001 - a bug while recording refuses (fail closed)
+            self._metrics.failure("error")
+            self._log.error(
+                "settle_error", request_id=ctx.request_id, error_type=type(exc).__name__, at=where(exc)
+            )
+            d = Deny(500, ErrorCode.INTERNAL, "internal gateway error")
+        if isinstance(d, Deny) and st.outcome != "denied":
+            return self._deny(st, d)
+        return resp
 
     async def _handle(self, kind: str | None, req: cv.Message, st: _Stream) -> cv.Message:
         if kind == "request_headers":
@@ -234,6 +276,18 @@ class ExtProcServer:
         ctx, chain = st.ctx, st.chain
         if ctx is None or chain is None:
             return
+        if not st.settled:
+            # The stream ended before its last response (client gone, upstream reset, Envoy
+            # timeout): the outcome is still recorded, though nothing can be refused any more.
+            st.settled = True
+            ctx.outcome = "aborted" if st.outcome == "allowed" else st.outcome
+            ctx.status, ctx.error_code = st.status or ctx.response_status or 0, st.code
+            try:
+                await within(self._budget, chain.settle(ctx))
+            except Exception as exc:  # noqa: BLE001 - nothing left to refuse; record the failure
+                self._log.error(
+                    "settle_error", request_id=ctx.request_id, error_type=type(exc).__name__, at=where(exc)
+                )
         try:
             await chain.end(ctx)
         except Exception as exc:  # noqa: BLE001 - the response is gone; record the bug and move on

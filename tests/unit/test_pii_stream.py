@@ -211,7 +211,7 @@ async def test_monitor_mode_finds_but_changes_nothing() -> None:
     ).encode()
     d = await chain.request_body(ctx, body)
     assert isinstance(d, Continue) and d.body is None
-    await chain.end(ctx)
+    await chain.settle(ctx)
     assert [v.detail for v in ctx.verdicts if v.filter == "pii" and v.phase == "end"] == [
         "request:CN_MOBILE=1"
     ]

@@ -129,6 +129,29 @@ def test_committed_json_schema_is_current() -> None:
             "add `- filter: pii` below `- filter: access`",
         ),
         (
+            "    action: deny",
+            "    action: review",
+            "p.yaml:14:13: a review rule needs the risk filter in the chain (it would do nothing): "
+            "add `- filter: risk` below `- filter: principal`",
+        ),
+        (
+            "  - filter: access\n",
+            "  - filter: audit\n  - filter: access\n",
+            "p.yaml:7:13: audit must be the last filter: a filter after it could change the outcome "
+            "after the record was written; move audit to the end",
+        ),
+        (
+            "  - filter: principal\n",
+            "  - filter: principal\n  - filter: risk\n    threshold: 0\n",
+            "p.yaml:5:16: risk.threshold: Input should be greater than or equal to 1 (got 0): use a value in range",
+        ),
+        (
+            "  - filter: principal\n",
+            "  - filter: principal\n  - filter: risk\n    count: [injections]\n",
+            "p.yaml:5:13: risk.count.0: Input should be 'injection', 'policy_flag', 'policy_deny' or "
+            "'pii_prompt' (got 'injections'): use one of: 'injection', 'policy_flag', 'policy_deny' or 'pii_prompt'",
+        ),
+        (
             "  - filter: access\n",
             "  - filter: access\n  - filter: pii\n    threshhold: 0.4\n",
             "p.yaml:9:5: unknown parameter 'threshhold' for pii: did you mean 'threshold'?",
@@ -173,7 +196,7 @@ def test_revision_ignores_comments_order_and_style() -> None:
     doc = yaml.safe_load(BASE)
     restyled = "# a comment\n" + yaml.safe_dump(doc, default_flow_style=True, sort_keys=True)
     assert policy.compile_policy(restyled, "p.yaml", ENV).revision == a
-    changed = BASE.replace("action: deny", "action: flag")
+    changed = BASE.replace("action: deny", "action: allow")
     assert policy.compile_policy(changed, "p.yaml", ENV).revision != a
 
 
@@ -208,7 +231,7 @@ NAMES = st.text(alphabet="abcdefghij-", min_size=1, max_size=8)
 def test_parse_dump_parse_round_trips(rules: list[dict[str, object]], default: str) -> None:
     doc = {
         "version": 1,
-        "chain": [{"filter": f} for f in ("principal", "protocol", "route", "access")],
+        "chain": [{"filter": f} for f in ("principal", "risk", "protocol", "route", "access")],
         "default_action": default,
         "rules": rules,
     }
@@ -222,7 +245,7 @@ def test_parse_dump_parse_round_trips(rules: list[dict[str, object]], default: s
 def test_precedence_most_specific_wins_and_flags_add_up() -> None:
     text = """\
 version: 1
-chain: [{filter: principal}, {filter: protocol}, {filter: route}, {filter: access}]
+chain: [{filter: principal}, {filter: risk}, {filter: protocol}, {filter: route}, {filter: access}]
 default_action: deny
 rules:
   - {name: tenant-allow, when: {tenant: [acme]}, action: allow}
