@@ -248,6 +248,88 @@ def _text_commands(sub: Any) -> None:
     s.set_defaults(fn=_classify)
 
 
+def _audit_verify(args: argparse.Namespace) -> int:
+    from gateway import audit
+
+    paths = [f for t in args.target for f in audit.chain_files(Path(t))]
+    if not paths:
+        print("no audit chains found", file=sys.stderr)
+        return 1
+    bad = 0
+    for path in paths:
+        v = audit.verify(path)
+        if v.ok:
+            print(f"{path}: ok, {v.records} records, head {v.head}")
+        else:
+            bad += 1
+            print(f"{path}: BROKEN at {v.problem} ({v.records} records intact before it)")
+    return 1 if bad else 0
+
+
+def _audit_fingerprint(args: argparse.Namespace) -> int:
+    from gateway.audit import fingerprint
+    from gateway.keyfile import load_or_create
+    from gateway.settings import Settings
+
+    path = Settings.from_env().audit_key_path
+    if not path.exists():
+        print(f"no audit key at {path} (set ZTGATE_AUDIT_KEY_FILE)", file=sys.stderr)
+        return 2
+    text = Path(args.file).read_text(encoding="utf-8") if args.file else sys.stdin.read()
+    print(fingerprint(load_or_create(path), text))
+    return 0
+
+
+def _risk(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.risk import RiskStore
+    from gateway.settings import Settings
+
+    s = Settings.from_env()
+
+    async def run() -> int:
+        store = RiskStore.from_url(s.redis_url, s.redis_prefix, 5.0)
+        try:
+            if args.risk_cmd == "clear":
+                was = await store.clear(args.tenant, args.user)
+                print(
+                    f"{args.tenant}/{args.user}: {'released from review' if was else 'was not under review'}"
+                )
+            else:
+                print(json.dumps(await store.status(args.tenant, args.user), indent=1))
+        finally:
+            await store.aclose()
+        return 0
+
+    return asyncio.run(run())
+
+
+def _ops_commands(sub: Any) -> None:
+    aud = sub.add_parser("audit", help="the audit log: verify chains, fingerprint a text").add_subparsers(
+        dest="audit_cmd", required=True
+    )
+    s = aud.add_parser("verify", help="check audit chain files (or folders of them); exit 1 if any is broken")
+    s.add_argument("target", nargs="+")
+    s.set_defaults(fn=_audit_verify)
+    s = aud.add_parser(
+        "fingerprint", help="the fingerprint a text has in the audit log (with this gateway's audit key)"
+    )
+    s.add_argument("file", nargs="?", help="the text, exactly (default: stdin)")
+    s.set_defaults(fn=_audit_fingerprint)
+    risk = sub.add_parser("risk", help="per-user risk graphs in Redis").add_subparsers(
+        dest="risk_cmd", required=True
+    )
+    for name, what in (
+        ("show", "a user's events, graph and review state"),
+        ("clear", "release a user from review"),
+    ):
+        s = risk.add_parser(name, help=what)
+        s.add_argument("--tenant", required=True)
+        s.add_argument("--user", required=True)
+        s.set_defaults(fn=_risk)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     p = argparse.ArgumentParser(prog="ztgate", description="Zero-trust gateway for self-hosted LLMs")
@@ -299,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     s = pol.add_parser("schema", help="print the policy JSON Schema")
     s.set_defaults(fn=_policy_schema)
     _text_commands(sub)
+    _ops_commands(sub)
     args = p.parse_args(argv)
     code: int = args.fn(args)
     return code

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
 from aiohttp import web
 
 from filters.chain import BuildEnv
@@ -133,6 +134,8 @@ class Gateway:
             parts["envoy"] = self.envoy.alive and self.envoy_ready()
         for p, port in zip(self.workers, s.worker_ports, strict=True):
             parts[f"worker:{port}"] = p.alive and port_open(_connectable(s.worker_host), port)
+        if self.policy is not None and "risk" in self.policy.current.chain.names:
+            parts["redis"] = redis_ok(s.redis_url)
         return parts
 
     def dead(self) -> Proc | None:
@@ -140,12 +143,23 @@ class Gateway:
         return next((p for p in self.procs if not p.alive), None)
 
 
+def redis_ok(url: str) -> bool:
+    """The risk store answers a PING within half a second."""
+    client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 def _connectable(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # noqa: S104 - mapping a bind-all address
 
 
 def admin_app(gw: Gateway) -> web.Application:
-    """/healthz (process up), /readyz (Envoy + workers + registry), /metrics (all workers)."""
+    """/healthz (process up), /readyz (Envoy + workers + registry + Redis), /metrics (all workers)."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -202,8 +216,18 @@ def _banner(s: Settings, demo: bool) -> str:
             f"    from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='{DEMO_KEY}')",
             "    c.chat.completions.create(model='tiny-llama', max_tokens=16, "
             "messages=[{'role': 'user', 'content': 'Hello'}])",
+            "",
+            "  Five flagged prompts in an hour hold the demo user for review; release it with",
+            "    ./ztgate risk clear --tenant demo --user demo-user",
         ]
-    lines += ["", "Ctrl-C stops it.", ""]
+    lines += [
+        "",
+        f"Audit chains: {s.audit_path}/ (check them: ./ztgate audit verify {s.audit_path})",
+        f"Risk store: {s.redis_url} (the /readyz check 'redis')",
+        "",
+        "Ctrl-C stops it.",
+        "",
+    ]
     return "\n".join(lines)
 
 

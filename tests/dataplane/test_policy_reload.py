@@ -13,7 +13,7 @@ from tests.harness import KEY, ScriptedUpstream, registry_for, running
 
 POLICY = """\
 version: 1
-chain: [{filter: principal}, {filter: protocol}, {filter: route}, {filter: access}]
+chain: [{filter: principal}, {filter: protocol}, {filter: route}, {filter: access}, {filter: audit}]
 default_action: allow
 rules:
   - name: block-secret
@@ -86,6 +86,12 @@ def test_reload_under_load(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
         seen = [revisions[rid] for _, rid in results]
         assert all(len(r) == 12 for r in seen)
         assert len(set(seen)) >= 3
+        # Its audit record (exactly one per request, chains intact) names that same revision.
+        audited = {}
+        for rec in env.audit():
+            assert rec["trace_id"] not in audited
+            audited[rec["trace_id"]] = rec["decision"]["policy"]
+        assert [audited[rid] for _, rid in results] == seen
 
 
 def test_model_list_shows_only_what_the_caller_may_use(tmp_path: Path, openai_up: ScriptedUpstream) -> None:

@@ -7,12 +7,14 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from gateway import audit
 from gateway.procs import free_port, http_ok, port_open
 from gateway.supervisor import DEMO_KEY
 from tests.e2e.conftest import demo_registry
@@ -28,6 +30,7 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         "ZTGATE_REGISTRY_FILE": str(tmp_path / "registry.yaml"),
         "ZTGATE_STATE_DIR": str(tmp_path / "state"),
         "ZTGATE_WORKER_PORTS": f"{free_port()},{free_port()}",
+        "ZTGATE_REDIS_PREFIX": f"ztgate-test-{uuid.uuid4().hex[:12]}:",
         **{f"ZTGATE_{k}_PORT": str(v) for k, v in ports.items()},
     }
     # The demo key file is the embedded default: the printed key must work.
@@ -48,7 +51,9 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             assert proc.poll() is None, out.read_text()
             assert time.monotonic() < deadline, out.read_text()
             time.sleep(0.2)
-        files = httpx.get(f"http://127.0.0.1:{ports['ADMIN']}/readyz").json()["files"]
+        ready = httpx.get(f"http://127.0.0.1:{ports['ADMIN']}/readyz").json()
+        assert ready["checks"]["redis"] is True  # the shipped policy counts risk in Redis
+        files = ready["files"]
         assert files["keys"]["last_error"] is None and files["keys"]["revision"]
         assert files["registry"]["revision"]
         text = out.read_text()
@@ -59,6 +64,13 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
             json={"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
         )
         assert r.status_code == 200, r.text
+        # ...and audits every call: one chained record, a fingerprint and no text.
+        chains = audit.chain_files(tmp_path / "state" / "audit")
+        assert chains and all(audit.verify(c).ok for c in chains)
+        records = [rec for c in chains for rec in audit.read(c)]
+        mine = [rec for rec in records if rec["trace_id"] == r.headers["x-request-id"]]
+        assert len(mine) == 1 and mine[0]["model"]["ref"] == "tiny-llama@v1"
+        assert mine[0]["prompt"]["fingerprint"].startswith("hmac-sha256:") and "text" not in mine[0]["prompt"]
         # The shipped policy redacts answers: Triton echoes a mobile number, the client gets a placeholder.
         r = httpx.post(
             f"http://127.0.0.1:{ports['LISTEN']}/v2/models/echo/generate",
