@@ -188,6 +188,10 @@ def _start_gateway(  # noqa: PLR0917 - a benchmark helper, called in one place
             "ZTGATE_STATIC_UPSTREAM": "bench",
             "ZTGATE_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "info"),
             "ZTGATE_FILTER_MODULES": "bench.answer_reader",
+            # risk + audit: a Redis prefix of this run's own, the chains in the run's folder.
+            "ZTGATE_REDIS_PREFIX": f"ztgate-bench-{os.getpid()}:",
+            "ZTGATE_AUDIT_DIR": str(d / "audit"),
+            "ZTGATE_AUDIT_KEY_FILE": str(d / "audit.key"),
         }
     )
     s = Settings(
@@ -346,6 +350,9 @@ def main() -> None:
         ("full chain", "principal,protocol,route", False),
         ("+ answers", "principal,protocol,route,read_answers", False),
         ("chain + pii", "principal,protocol,route,pii", False),
+        # The shipped policy's chain without the classifier: + the Redis review check per request
+        # and one chained audit record (fingerprints) per request.
+        ("+ risk+audit", "principal,risk,protocol,route,pii,audit", False),
     ]
     results: dict[str, dict[int, dict[str, float]]] = {}
     ttft: dict[str, list[float]] = {}
@@ -377,7 +384,7 @@ def main() -> None:
                             "envoy_us": (cpu1[0] - cpu0[0]) / n * 1e6,
                             "workers_us": (cpu1[1] - cpu0[1]) / n * 1e6,
                         }
-                    if name in ("envoy-only", "full chain", "+ answers", "chain + pii"):
+                    if name in ("envoy-only", "full chain", "+ answers", "chain + pii", "+ risk+audit"):
                         ttft[name] = asyncio.run(_ttft(stack.url_port, args.ttft))
                 finally:
                     stop_all(stack.procs)
@@ -403,7 +410,7 @@ def main() -> None:
     print("\nstreamed answer, time to first content chunk (c=1):")
     for name, xs in ttft.items():
         print(f"  {name:<12} p50 {_pct(xs, 0.5):.2f} ms  p99 {_pct(xs, 0.99):.2f} ms")
-    for name in ("full chain", "+ answers", "chain + pii"):
+    for name in ("full chain", "+ answers", "chain + pii", "+ risk+audit"):
         if name in ttft:
             print(
                 f"  added by {name}: p50 {_pct(ttft[name], 0.5) - _pct(ttft['envoy-only'], 0.5):.2f} ms, "

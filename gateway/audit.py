@@ -78,8 +78,8 @@ class ChainWriter:
             raise AuditError(f"cannot open audit chain {self.path}: {exc.strerror}") from None
         return self._fd
 
-    def append(self, record: dict[str, Any], *, fsync: bool = False) -> str:
-        """Chain and write one record (one write call, then a disk sync if asked); returns its hash."""
+    def append(self, record: dict[str, Any]) -> str:
+        """Chain and write one record (one write call); returns its hash."""
         fd = self.open()
         rec = {**record, "seq": self.seq, "prev": self.head}
         rec["hash"] = record_hash(rec)
@@ -88,12 +88,17 @@ class ChainWriter:
             written = os.write(fd, line)
             if written != len(line):
                 raise AuditError(f"short write to {self.path} ({written} of {len(line)} bytes)")
-            if fsync:
-                os.fsync(fd)
         except OSError as exc:
             raise AuditError(f"cannot write audit chain {self.path}: {exc.strerror}") from None
         self.seq, self.head = self.seq + 1, rec["hash"]
         return str(rec["hash"])
+
+    def sync(self) -> None:
+        """Flush what was written to disk (blocking: call it off the event loop)."""
+        try:
+            os.fsync(self.open())
+        except OSError as exc:
+            raise AuditError(f"cannot sync audit chain {self.path}: {exc.strerror}") from None
 
     def close(self) -> None:
         """Close the file."""

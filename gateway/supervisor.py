@@ -243,6 +243,18 @@ async def _run(gw: Gateway, demo: bool, on_ready: Callable[[], None]) -> int:
         loop.add_signal_handler(sig, stop.set)
     on_ready()
     print(_banner(s, demo), flush=True)
+    if gw.policy is not None and "risk" in gw.policy.current.chain.names and not redis_ok(s.redis_url):
+        mode = (
+            "let through, flagged"
+            if gw.policy.current.fails_open("redis")
+            else "refused (503 risk_unavailable)"
+        )
+        print(
+            f"WARNING: the policy counts risk in Redis at {s.redis_url}, which does not answer: requests "
+            f"are {mode} until it does (set ZTGATE_REDIS_URL, or start redis-server)",
+            file=sys.stderr,
+            flush=True,
+        )
     code = 0
     while not stop.is_set():
         dead = gw.dead()

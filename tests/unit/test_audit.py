@@ -168,3 +168,17 @@ async def test_a_refused_request_stays_refused_as_it_was() -> None:
     d = await Chain([_Boom(), _Seen()]).settle(ctx)
     assert d is CONTINUE
     assert ctx.state["seen"] == ("denied", 400, "invalid_json")
+
+
+async def test_settle_writes_synced_records_and_refuses_when_it_cannot(tmp_path: Path) -> None:
+    ok = Audit(audit.ChainWriter(tmp_path / "c.jsonl"), KEY, AuditParams(fsync=True))
+    assert await ok.on_settle(_ctx(outcome="allowed", status=200)) is CONTINUE
+    assert audit.verify(tmp_path / "c.jsonl").records == 1
+    (tmp_path / "full.jsonl").symlink_to("/dev/full")
+    full = Audit(audit.ChainWriter(tmp_path / "full.jsonl"), KEY, AuditParams())
+    ctx = _ctx(outcome="allowed", status=200)
+    d = await full.on_settle(ctx)
+    assert isinstance(d, Deny) and (d.status, d.code) == (503, "audit_unavailable")
+    assert [(v.phase, v.action, v.detail) for v in ctx.verdicts] == [
+        ("fail_mode", "deny", "audit_failed=AuditError")
+    ]

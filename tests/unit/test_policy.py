@@ -306,3 +306,10 @@ def test_revision_is_stable_under_any_reformatting(
         policy.compile_policy(text, "p.yaml", ENV).revision
         == policy.compile_policy(BASE, "p.yaml", ENV).revision
     )
+
+
+def test_the_documented_policy_compiles() -> None:
+    doc = (ROOT / "docs" / "policy.md").read_text(encoding="utf-8")
+    example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    p = policy.compile_policy(example, "docs/policy.md", ENV)
+    assert p.chain.names[0] == "principal" and p.chain.names[-1] == "audit"
