@@ -113,6 +113,7 @@ def _policy_explain(args: argparse.Namespace) -> int:
         model=args.model,
         route=args.path,
         protocol=args.protocol,
+        key=args.key,
     )
     print("\n".join(p.explain(subject)))
     return 0
@@ -370,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--policy", default="policies/default.yaml")
     s.add_argument("--tenant")
     s.add_argument("--user")
+    s.add_argument("--key", help="the API key's id (the key file's `id`)")
     s.add_argument("--group", action="append", help="repeat for several groups")
     s.add_argument("--model", help="name@version, as the registry resolves it")
     s.add_argument("--path", default="/v1/chat/completions")

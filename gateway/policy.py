@@ -59,6 +59,9 @@ Dependency = Literal["redis", "consul", "classifier", "audit"]
 class Scope(_Strict):
     """Who and what a rule is about. Within a field any entry matches; all given fields must match."""
 
+    key: list[str] | None = Field(
+        default=None, description="API key ids (the key file's `id`), e.g. `@batch-keys`: scopes per key."
+    )
     tenant: list[str] | None = Field(default=None, description="Tenants (from the API key).")
     group: list[str] | None = Field(default=None, description="User groups (from the API key).")
     user: list[str] | None = Field(default=None, description="Users (from the API key).")
@@ -112,7 +115,7 @@ class PolicySpec(_Strict):
     )
 
 
-_DIMENSIONS = ("user", "group", "tenant", "model", "route", "protocol")
+_DIMENSIONS = ("key", "user", "group", "tenant", "model", "route", "protocol")
 _STRICTNESS = {Action.DENY: 3, Action.REVIEW: 2, Action.FLAG: 1, Action.ALLOW: 0, Action.REDACT: 0}
 
 
@@ -126,6 +129,7 @@ class Subject:
     model: str | None  # name@version
     route: str
     protocol: str | None
+    key: str | None = None  # the API key's id
 
 
 def subject(principal: Principal | None, model: str | None, route: str, protocol: str | None) -> Subject:
@@ -137,6 +141,7 @@ def subject(principal: Principal | None, model: str | None, route: str, protocol
         model=model,
         route=route,
         protocol=protocol,
+        key=principal.key_id if principal else None,
     )
 
 
@@ -150,7 +155,7 @@ class CompiledRule:
 
     @property
     def specificity(self) -> tuple[int, tuple[bool, ...]]:
-        """More scope fields win; then user > group > tenant > model > route > protocol."""
+        """More scope fields win; then key > user > group > tenant > model > route > protocol."""
         present = tuple(d in self.when for d in _DIMENSIONS)
         return (sum(present), present)
 

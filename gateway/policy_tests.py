@@ -29,6 +29,7 @@ class _Strict(BaseModel):
 class CaseRequest(_Strict):
     """The request of a test case."""
 
+    key: str | None = Field(default=None, description="The API key's id.")
     tenant: str | None = None
     groups: list[str] = Field(default_factory=list)
     user: str | None = None
@@ -81,7 +82,7 @@ def run(directory: Path, env: Any) -> int:
             continue
         for i, case in enumerate(tests.cases):
             r = case.request
-            out = pol.decide(policy.Subject(r.tenant, tuple(r.groups), r.user, r.model, r.path, r.protocol))
+            out = pol.decide(policy.Subject(r.tenant, tuple(r.groups), r.user, r.model, r.path, r.protocol, r.key))
             rule = out.rule.rule.name if out.rule else "default"
             ok = (
                 out.action.value == case.expect.decision

@@ -313,3 +313,26 @@ def test_the_documented_policy_compiles() -> None:
     example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
     p = policy.compile_policy(example, "docs/policy.md", ENV)
     assert p.chain.names[0] == "principal" and p.chain.names[-1] == "audit"
+
+
+def test_rules_scoped_by_api_key_outrank_user_and_group_rules() -> None:
+    from filters.base import Principal
+
+    text = """\
+version: 1
+chain: [{filter: principal}, {filter: protocol}, {filter: route}, {filter: access}]
+lists: {batch-keys: [k-batch]}
+rules:
+  - {name: devs, when: {group: [dev], model: ["m@*"]}, action: allow}
+  - {name: batch-only-completes, when: {key: ["@batch-keys"], model: ["m@*"]}, action: deny}
+"""
+    p = policy.compile_policy(text, "p.yaml", ENV)
+    batch = policy.subject(
+        Principal("k-batch", "ann", "acme", ("dev",)), "m@1", "/v1/chat/completions", "openai"
+    )
+    other = policy.subject(
+        Principal("k-ann", "ann", "acme", ("dev",)), "m@1", "/v1/chat/completions", "openai"
+    )
+    assert batch.key == "k-batch"
+    assert p.decide(batch).rule.rule.name == "batch-only-completes"  # type: ignore[union-attr]
+    assert p.decide(other).action.value == "allow"
