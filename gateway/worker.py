@@ -16,7 +16,7 @@ from typing import Any
 import uvloop
 
 from filters.chain import BuildEnv, Chain
-from gateway.audit import AuditError
+from gateway.audit import AuditError, ChainWriter
 from gateway.config_yaml import ConfigError
 from gateway.extproc.server import ExtProcServer, serve
 from gateway.metrics import Metrics
@@ -58,18 +58,17 @@ async def _main(port: int) -> None:
     watcher = asyncio.create_task(watch(env.reloadables, reloaded, refused)) if env.reloadables else None
     mdir = settings.metrics_dir
     flusher = asyncio.create_task(_flush_metrics(metrics, mdir, port)) if mdir else None
+    anchor = asyncio.create_task(_anchor_audit(env))
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await serve(impl, settings.worker_host, port)
     finally:
-        for task in (flusher, watcher):
+        for task in (flusher, watcher, anchor):
             if task is not None:
                 task.cancel()
         if mdir is not None:
             metrics.write(mdir, f"worker-{port}")
-        if writer is not None:
-            # Anchor: the head hash outside the chain, so cutting records off the end shows.
-            log().info("audit_head", path=str(writer.path), records=writer.seq, head=writer.head)
+        _log_audit_head(env)
         await env.close()
 
 
@@ -78,6 +77,26 @@ def _announce(chain: Chain) -> None:
     log().info("chain", filters=chain.names, policy=chain.revision)
     if "principal" not in chain.names:
         log().warning("chain_without_principal", filters=chain.names)
+
+
+def _log_audit_head(env: BuildEnv) -> int:
+    """Log the audit chain's head (an anchor outside the chain, so records cut off its end show
+    against the log); returns the records written, -1 without an audit chain."""
+    writer: ChainWriter | None = env.engines.get("audit:writer")
+    if writer is None:
+        return -1
+    log().info("audit_head", path=str(writer.path), records=writer.seq, head=writer.head)
+    return writer.seq
+
+
+async def _anchor_audit(env: BuildEnv, every_s: float = 60.0) -> None:
+    """Anchor the audit chain's head once a minute when it moved (a reload may add the chain)."""
+    last = -1
+    while True:
+        await asyncio.sleep(every_s)
+        writer: ChainWriter | None = env.engines.get("audit:writer")
+        if writer is not None and writer.seq != last:
+            last = _log_audit_head(env)
 
 
 async def _flush_metrics(metrics: Metrics, directory: Path, port: int) -> None:

@@ -164,6 +164,10 @@ def test_five_tuple_for_whole_and_streamed_answers_without_text(
         )
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stdout.count(": ok,") == len(audit.chain_files(env.settings.audit_path)) >= 1
+    # Stopped workers log each chain's head: the anchor that shows records cut off the end.
+    heads = {audit.verify(p).head for p in audit.chain_files(env.settings.audit_path)}
+    logged = {json.loads(line)["head"] for line in env.logs(lines=0).splitlines() if '"audit_head"' in line}
+    assert heads <= logged
 
 
 def test_refusals_and_bad_input_are_audited_too(tmp_path: Path, chat_up: ScriptedUpstream) -> None:
