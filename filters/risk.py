@@ -142,11 +142,11 @@ class Risk(BaseFilter):
         except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
             log().error("risk_events_not_recorded", request_id=ctx.request_id, events=len(events))
             return self._failed(ctx, exc)
-        kinds = ",".join(e.kind for e in events)
+        detail = f"events={','.join(e.kind for e in events)},in_window={rec.count}"
+        if rec.escalated and rec.review is not None:
+            detail += f",reason={rec.review.get('reason')}"
         action = "escalate" if rec.escalated else "count"
-        ctx.verdicts.append(
-            Verdict(self.name, "record", action, 0.0, f"events={kinds},in_window={rec.count}")
-        )
+        ctx.verdicts.append(Verdict(self.name, "record", action, 0.0, detail))
         if rec.escalated:
             log().warning(
                 "user_under_review",

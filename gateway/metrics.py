@@ -78,6 +78,14 @@ class Metrics:
             "What content filters found, by kind (e.g. response:CN_MOBILE) and what they did (redact, monitor)",
             ("filter", "action", "kind"),
         )
+        self.fail_modes = Counter(
+            "ztgate_fail_mode_total",
+            "A dependency failed and its policy fail mode fired (deny, or allow_with_flag)",
+            ("dependency", "mode"),
+        )
+        self.escalations = Counter(
+            "ztgate_risk_escalations_total", "Users put under manual review", ("reason",)
+        )
         self.all: tuple[Histogram | Counter, ...] = (
             self.filter_seconds,
             self.phase_seconds,
@@ -85,6 +93,8 @@ class Metrics:
             self.requests,
             self.failures,
             self.findings,
+            self.fail_modes,
+            self.escalations,
         )
 
     def record(self, filter_name: str, phase: str, action: str, seconds: float) -> None:
@@ -105,6 +115,14 @@ class Metrics:
         """A filter's findings for one request (kinds and counts, never content)."""
         for kind, n in counts:
             self.findings.inc((filter_name, action, kind), n)
+
+    def fail_mode(self, dependency: str, mode: str) -> None:
+        """A dependency's fail mode fired for one request."""
+        self.fail_modes.inc((dependency, mode))
+
+    def escalation(self, reason: str) -> None:
+        """A user was put under review (`threshold` or `rule`)."""
+        self.escalations.inc((reason,))
 
     def failure(self, kind: str) -> None:
         """The chain failed (error or timeout) and denied."""

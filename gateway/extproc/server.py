@@ -299,6 +299,11 @@ class ExtProcServer:
         for v in ctx.verdicts:
             if v.counts:
                 self._metrics.found(v.filter, v.action, v.counts)
+            if v.phase == "fail_mode":
+                dependency = v.detail.partition("_failed=")[0]
+                self._metrics.fail_mode(dependency, "allow_with_flag" if v.action == "flag" else "deny")
+            elif v.filter == "risk" and v.action == "escalate":
+                self._metrics.escalation("rule" if "reason=rule" in v.detail else "threshold")
         route = ctx.route
         self._log.info(
             "request",

@@ -10,6 +10,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,12 @@ def _chat(env: GatewayEnv, model: str, key: str = KEY, **extra: Any) -> httpx.Re
     return httpx.post(
         env.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}, timeout=10
     )
+
+
+def _metrics(env: GatewayEnv) -> str:
+    from gateway import metrics
+
+    return metrics.render(metrics.read_dir(env.gw.run_dir / "metrics"))
 
 
 def _store(env: GatewayEnv) -> RiskStore:
@@ -228,6 +235,12 @@ def test_a_review_rule_escalates_at_once_and_denies_count(tmp_path: Path, chat_u
         review = _status(env, "globex", "bob")["review"]
         assert review["reason"] == "rule:research-needs-review"
         assert _chat(env, "open", key=OTHER_TENANT_KEY).status_code == 403
+        # Operators see it: escalations by reason, fail modes by dependency (none fired here).
+        until = time.monotonic() + 10
+        while 'ztgate_risk_escalations_total{reason="rule"} 1.0' not in (m := _metrics(env)):
+            assert time.monotonic() < until, m
+            time.sleep(0.2)
+        assert "ztgate_fail_mode_total{" not in m
 
 
 def test_redis_down_denies_by_default(tmp_path: Path, chat_up: ScriptedUpstream) -> None:
@@ -237,6 +250,10 @@ def test_redis_down_denies_by_default(tmp_path: Path, chat_up: ScriptedUpstream)
         r = _chat(env, "open")
         assert r.status_code == 503 and r.json()["error"]["code"] == "risk_unavailable"
         assert len(chat_up.requests) == before
+        until = time.monotonic() + 10
+        while 'ztgate_fail_mode_total{dependency="redis",mode="deny"} 1.0' not in (m := _metrics(env)):
+            assert time.monotonic() < until, m
+            time.sleep(0.2)
         rec = env.audit_for(r.headers["x-request-id"])
         assert rec["decision"]["fail_modes"] == [
             {"dependency": "redis", "mode": "deny", "why": "ConnectionError"}
