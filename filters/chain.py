@@ -237,6 +237,8 @@ class Chain:
             label: tuple(f for f in self.filters if f.phases & mask & (self.phases | ~f.on_behalf))
             for label, mask in _PHASE_MASKS.items()
         }
+        # Whether a request's outcome is recorded at SETTLE (risk, audit, pii findings).
+        self.settles = bool(self._members["settle"])
 
     @property
     def names(self) -> list[str]:

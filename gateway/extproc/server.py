@@ -45,7 +45,7 @@ class _Stream:
     outcome: str = "allowed"
     status: int = 0
     code: str = ""
-    settled: bool = False
+    settling: asyncio.Future[Decision] | None = None
 
 
 class ExtProcServer:
@@ -63,6 +63,7 @@ class ExtProcServer:
         self._budget = budget_s
         self._metrics = metrics
         self._log = log()
+        self._finishing: set[asyncio.Future[None]] = set()  # kept referenced until they end
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """Method handlers of /envoy.service.ext_proc.v3.ExternalProcessor (just Process)."""
@@ -99,14 +100,20 @@ class ExtProcServer:
                         at=where(exc),
                     )
                     resp = self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
-                if not st.settled and self._terminal(kind, req, st, resp):
+                if st.settling is None and self._terminal(kind, req, st, resp):
                     resp = await self._settle(st, resp)
                 self._metrics.phase(kind or "unknown", time.perf_counter() - t0)
                 yield resp
                 if resp.HasField("immediate_response"):
                     return
         finally:
-            await self._finish(st)
+            # gRPC cancels this handler once Envoy drops the stream (a client that left
+            # mid-answer): the recording and the request's log line run in a task of their own,
+            # which that cancellation cannot cut short.
+            done = asyncio.ensure_future(self._finish(st))
+            self._finishing.add(done)
+            done.add_done_callback(self._finishing.discard)
+            await asyncio.shield(done)
 
     def _rid(self, st: _Stream) -> str:
         return st.ctx.request_id if st.ctx else "-"
@@ -131,28 +138,44 @@ class ExtProcServer:
             return bool(st.response_body_mode == cv.NONE)
         return kind == "response_body" and bool(req.response_body.end_of_stream)
 
-    async def _settle(self, st: _Stream, resp: cv.Message) -> cv.Message:
-        """Run SETTLE before `resp` leaves; a refusal there replaces a response that let it through."""
-        st.settled = True
+    def _settling(self, st: _Stream, *, aborted: bool) -> asyncio.Future[Decision] | None:
+        """SETTLE for this request, started once (None: nothing in the chain settles).
+
+        It runs as its own task: a stream reset while it writes neither cuts the audit record
+        short nor loses it (`_finish` waits for it). `aborted`: the stream ended first.
+        """
         ctx, chain = st.ctx, st.chain
-        if ctx is None or chain is None:
+        if ctx is None or chain is None or not chain.settles:
+            return None
+        if st.settling is None:
+            ctx.outcome = "aborted" if aborted and st.outcome == "allowed" else st.outcome
+            ctx.status, ctx.error_code = st.status or ctx.response_status or 0, st.code
+            st.settling = asyncio.ensure_future(self._settle_chain(ctx, chain))
+        return st.settling
+
+    async def _settle(self, st: _Stream, resp: cv.Message) -> cv.Message:
+        """SETTLE before `resp` leaves; a refusal there replaces a response that let it through."""
+        settling = self._settling(st, aborted=False)
+        if settling is None:
             return resp
-        ctx.outcome, ctx.status, ctx.error_code = st.outcome, st.status or ctx.response_status or 0, st.code
+        d = await asyncio.shield(settling)
+        if isinstance(d, Deny) and st.outcome != "denied":
+            return self._deny(st, d)
+        return resp
+
+    async def _settle_chain(self, ctx: RequestContext, chain: Chain) -> Decision:
         try:
-            d = await within(self._budget, chain.settle(ctx))
+            return await within(self._budget, chain.settle(ctx))
         except TimeoutError:
             self._metrics.failure("timeout")
             self._log.warning("phase_timeout", request_id=ctx.request_id, phase="settle")
-            d = Deny(504, ErrorCode.GATEWAY_TIMEOUT, "the gateway took too long")
+            return Deny(504, ErrorCode.GATEWAY_TIMEOUT, "the gateway took too long")
         except Exception as exc:  # noqa: BLE001 - a bug while recording refuses (fail closed)
             self._metrics.failure("error")
             self._log.error(
                 "settle_error", request_id=ctx.request_id, error_type=type(exc).__name__, at=where(exc)
             )
-            d = Deny(500, ErrorCode.INTERNAL, "internal gateway error")
-        if isinstance(d, Deny) and st.outcome != "denied":
-            return self._deny(st, d)
-        return resp
+            return Deny(500, ErrorCode.INTERNAL, "internal gateway error")
 
     async def _handle(self, kind: str | None, req: cv.Message, st: _Stream) -> cv.Message:
         if kind == "request_headers":
@@ -276,18 +299,12 @@ class ExtProcServer:
         ctx, chain = st.ctx, st.chain
         if ctx is None or chain is None:
             return
-        if not st.settled:
-            # The stream ended before its last response (client gone, upstream reset, Envoy
-            # timeout): the outcome is still recorded, though nothing can be refused any more.
-            st.settled = True
-            ctx.outcome = "aborted" if st.outcome == "allowed" else st.outcome
-            ctx.status, ctx.error_code = st.status or ctx.response_status or 0, st.code
-            try:
-                await within(self._budget, chain.settle(ctx))
-            except Exception as exc:  # noqa: BLE001 - nothing left to refuse; record the failure
-                self._log.error(
-                    "settle_error", request_id=ctx.request_id, error_type=type(exc).__name__, at=where(exc)
-                )
+        # A stream that ended before its last response (client gone, upstream reset, Envoy
+        # timeout) is still recorded, though nothing can be refused any more; one whose recording
+        # was under way when it was cut waits for it.
+        settling = self._settling(st, aborted=True)
+        if settling is not None:
+            await settling
         try:
             await chain.end(ctx)
         except Exception as exc:  # noqa: BLE001 - the response is gone; record the bug and move on

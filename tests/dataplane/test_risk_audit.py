@@ -323,3 +323,38 @@ def test_store_window_and_threshold_in_real_redis() -> None:
             await store.aclose()
 
     asyncio.run(run())
+
+
+def test_a_client_that_leaves_mid_stream_leaves_an_aborted_record(tmp_path: Path) -> None:
+    events = [
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": f"w{i} "}}],
+        }
+        for i in range(40)
+    ]
+    chunks = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+    up = ScriptedUpstream("slow", handler=lambda _: streamed(chunks, gap_s=0.05)).start()
+    try:
+        with _gateway(tmp_path, up.port) as env:
+            body = {"model": "open", "stream": True, "messages": [{"role": "user", "content": "count"}]}
+            with httpx.stream(
+                "POST", env.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=10
+            ) as r:
+                rid = r.headers["x-request-id"]
+                next(r.iter_bytes())  # the first words arrive; then the client goes away
+            until = time.monotonic() + 10
+            while not [x for x in env.audit() if x["trace_id"] == rid]:
+                assert time.monotonic() < until, [ln for ln in env.logs(lines=0).splitlines() if rid in ln]
+                time.sleep(0.1)
+            rec = env.audit_for(rid)
+            assert rec["decision"]["outcome"] == "aborted"
+            assert 0 < rec["response"]["chars"] < len("".join(f"w{i} " for i in range(40)))
+            # ...and its log line: gRPC's cancellation of the handler no longer cuts either short.
+            assert any(
+                f'"request_id": "{rid}"' in ln and '"event": "request"' in ln
+                for ln in env.logs(0).splitlines()
+            )
+    finally:
+        up.stop()
