@@ -68,6 +68,7 @@ async def _main(port: int) -> None:
                 task.cancel()
         if mdir is not None:
             metrics.write(mdir, f"worker-{port}")
+        await impl.drain()
         _log_audit_head(env)
         await env.close()
 

@@ -65,6 +65,11 @@ class ExtProcServer:
         self._log = log()
         self._finishing: set[asyncio.Future[None]] = set()  # kept referenced until they end
 
+    async def drain(self) -> None:
+        """Wait for the streams still being recorded (at shutdown, before engines close)."""
+        if self._finishing:
+            await asyncio.wait(set(self._finishing), timeout=self._budget * 2)
+
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """Method handlers of /envoy.service.ext_proc.v3.ExternalProcessor (just Process)."""
         return {
