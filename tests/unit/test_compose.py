@@ -63,3 +63,13 @@ def test_compose_registry_is_valid() -> None:
     assert {u.host for u in reg.spec.upstreams.values()} <= set(
         yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
     )
+
+
+def test_gateway_reaches_redis_and_keeps_its_audit_chains(compose: dict[str, Any]) -> None:
+    gw = compose["services"]["gateway"]
+    env = gw["environment"]
+    assert env["ZTGATE_REDIS_URL"].startswith("redis://redis:")
+    assert env["ZTGATE_AUDIT_DIR"].startswith(env["ZTGATE_STATE_DIR"])
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in gw["volumes"]}
+    assert mounts[env["ZTGATE_STATE_DIR"]] in compose["volumes"]  # a named volume, not the image
+    assert gw["hostname"]  # stable audit chain names across container restarts
