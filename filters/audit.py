@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -110,7 +111,7 @@ class Audit(BaseFilter):
             "v": RECORD_VERSION,
             "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "trace_id": ctx.request_id,
-            "traceparent": ctx.headers.get("traceparent"),
+            "traceparent": _traceparent(ctx.headers.get("traceparent")),
             "principal": {"tenant": who.tenant, "user": who.user, "key_id": who.key_id} if who else None,
             "request": {
                 "method": ctx.method,
@@ -134,6 +135,14 @@ class Audit(BaseFilter):
             },
             "redacted": redacted,
         }
+
+
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def _traceparent(value: str | None) -> str | None:
+    """A W3C trace context header as the client sent it, if well formed; nothing else is kept."""
+    return value if value is not None and _TRACEPARENT.fullmatch(value) else None
 
 
 @register("audit", AuditParams)

@@ -102,7 +102,7 @@ def _ctx(**kw: object) -> RequestContext:
         "rid-1",
         "POST",
         "/v1/chat/completions",
-        {"traceparent": "00-ab-cd-01"},
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
         Registry.from_yaml("upstreams: {}\nmodels: {}\n"),
     )
     ctx.principal = Principal("k1", "alice", "acme")
@@ -127,7 +127,12 @@ def test_fingerprint_record_holds_no_text(tmp_path: Path) -> None:
     }
     assert rec["response"]["fingerprint"] == audit.fingerprint(KEY, "hello there")
     assert rec["model"] == {"ref": "m@1", "hash": "abc123", "upstream": "up_v"}
-    assert (rec["trace_id"], rec["traceparent"]) == ("rid-1", "00-ab-cd-01")
+    assert (rec["trace_id"], rec["traceparent"]) == (
+        "rid-1",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    )
+    ctx.headers["traceparent"] = "x" * 5000  # anything else a client sends is not kept
+    assert f.record(ctx)["traceparent"] is None
     assert rec["redacted"] == [{"side": "request", "entity": "CREDIT_CARD", "count": 1, "action": "redact"}]
     assert "4111" not in audit.canonical(rec) and "hello" not in audit.canonical(rec)
 
