@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -164,6 +166,22 @@ class GatewayEnv:
         from gateway.procs import stop_all
 
         stop_all(self.gw.procs)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run `ztgate ARGS` as an operator would, against this gateway's Redis keys and audit chains."""
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "ZTGATE_REDIS_PREFIX": self.settings.redis_prefix,
+            "ZTGATE_AUDIT_DIR": str(self.settings.audit_path),
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "gateway.cli", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=ROOT,
+            env=env,
+        )
 
     def audit(self) -> list[dict[str, Any]]:
         """Every audit record written so far, all workers' chains, each chain verified first."""

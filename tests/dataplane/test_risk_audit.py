@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +24,6 @@ from gateway.risk import Event, RiskStore
 from tests.harness import (
     KEY,
     OTHER_TENANT_KEY,
-    ROOT,
     GatewayEnv,
     Recorded,
     ScriptedUpstream,
@@ -162,13 +159,7 @@ def test_five_tuple_for_whole_and_streamed_answers_without_text(
         blob = "".join(p.read_text() for p in audit.chain_files(env.settings.audit_path))
         assert "rate today" not in blob and "the answer" not in blob
         # Two workers, two chains, each verified by the CLI.
-        out = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "audit", "verify", str(env.settings.audit_path)],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=ROOT,
-        )
+        out = env.cli("audit", "verify", str(env.settings.audit_path))
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stdout.count(": ok,") == len(audit.chain_files(env.settings.audit_path)) >= 1
     # Stopped workers log each chain's head: the anchor that shows records cut off the end.
@@ -215,14 +206,7 @@ def test_flags_put_a_user_under_review_across_workers_until_cleared(
         rec = env.audit_for(held[0].headers["x-request-id"])
         assert rec["decision"]["code"] == "user_under_review"
 
-        out = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "risk", "clear", "--tenant", "acme", "--user", "alice"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=ROOT,
-            env={"ZTGATE_REDIS_PREFIX": env.settings.redis_prefix, "PATH": "/usr/bin:/bin"},
-        )
+        out = env.cli("risk", "clear", "--tenant", "acme", "--user", "alice")
         assert out.returncode == 0 and "released from review" in out.stdout, out.stderr
         assert _chat(env, "open").status_code == 200
 

@@ -7,8 +7,6 @@ manual review: the next request, however benign, is refused before Triton runs a
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,14 +60,7 @@ def test_five_jailbreaks_hold_the_user_for_review_until_cleared(
     assert t.value.status() == "403"
     assert _executions(real, "echo") == before  # Triton never ran it
 
-    cleared = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "risk", "clear", "--tenant", "acme", "--user", "alice"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-        env={"ZTGATE_REDIS_PREFIX": shipped.settings.redis_prefix, "PATH": "/usr/bin:/bin"},
-    )
+    cleared = shipped.cli("risk", "clear", "--tenant", "acme", "--user", "alice")
     assert "released from review" in cleared.stdout, cleared.stderr
     assert _echo(shipped, "hello") == "echo v2: hello"
 
