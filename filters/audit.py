@@ -13,7 +13,6 @@ Tamper evidence: records form one hash chain per worker process (gateway.audit).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import re
 from typing import Any, ClassVar, Literal
 
@@ -21,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from filters.base import CONTINUE, BaseFilter, Decision, Deny, Phase, RequestContext, fail_mode_verdict
 from filters.chain import BuildEnv, register
-from gateway.audit import AuditError, ChainWriter, fingerprint
+from gateway.audit import AuditError, ChainWriter, fingerprint, now
 from gateway.errors import ErrorCode
 from gateway.keyfile import load_or_create
 from gateway.observability import log
@@ -109,7 +108,8 @@ class Audit(BaseFilter):
         policy = ctx.policy
         return {
             "v": RECORD_VERSION,
-            "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "kind": "request",
+            "time": now(),
             "trace_id": ctx.request_id,
             "traceparent": _traceparent(ctx.headers.get("traceparent")),
             "principal": {"tenant": who.tenant, "user": who.user, "key_id": who.key_id} if who else None,

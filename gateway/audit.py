@@ -13,6 +13,7 @@ no locking is needed; a restarted worker continues its file after checking the l
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import json
@@ -23,6 +24,11 @@ from typing import Any
 
 GENESIS = "0" * 64
 _CHAINED = ("seq", "prev", "hash")
+
+
+def now() -> str:
+    """UTC time as records carry it (milliseconds)."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def canonical(doc: Any) -> str:

@@ -47,27 +47,42 @@ class Reloadable(Generic[T]):
 
     def check(self) -> bool:
         """Reload if the file changed; True if a new value is now in force."""
+        commit = self.prepare()
+        if commit is None:
+            return False
+        commit()
+        return True
+
+    def prepare(self) -> Callable[[], None] | None:
+        """Re-read and parse a changed file (safe in a thread); what puts it in force, or None.
+
+        The swap is left to the caller, so a watcher on an event loop makes it there, together
+        with whatever must happen before any request sees the new value (its audit record).
+        """
         stamp = _stamp(self.path)
         if stamp == self._stamp:
-            return False
+            return None
         self._stamp = stamp
         revision = _digest(self.path)
         if revision == self.revision:
-            return False
+            return None
         try:
             value = self._parse(self.path)
         except ConfigError as exc:
             self.last_error, self.last_error_at = str(exc), time.time()
-            return False
+            return None
         except OSError as exc:
             self.last_error, self.last_error_at = (
                 f"{self.path}: cannot read the file: {exc.strerror}",
                 time.time(),
             )
-            return False
-        self.current, self.revision, self.loaded_at = value, revision, time.time()
-        self.last_error = self.last_error_at = None
-        return True
+            return None
+
+        def commit() -> None:
+            self.current, self.revision, self.loaded_at = value, revision, time.time()
+            self.last_error = self.last_error_at = None
+
+        return commit
 
     def status(self) -> Status:
         """Revision in force and the last error, if the latest edit was refused."""
@@ -100,7 +115,11 @@ async def watch(
         await asyncio.sleep(interval_s)
         for f in files:
             seen = f.last_error_at
-            if await asyncio.to_thread(f.check):
+            commit = await asyncio.to_thread(f.prepare)
+            if commit is not None:
+                # On the loop, with no await between: no request sees the new value before
+                # on_change has recorded it.
+                commit()
                 on_change(f)
             elif f.last_error_at != seen:
                 on_refused(f)

@@ -16,7 +16,7 @@ from typing import Any
 import uvloop
 
 from filters.chain import BuildEnv, Chain
-from gateway.audit import AuditError, ChainWriter
+from gateway.audit import AuditError, ChainWriter, now
 from gateway.config_yaml import ConfigError
 from gateway.extproc.server import ExtProcServer, serve
 from gateway.metrics import Metrics
@@ -44,9 +44,15 @@ async def _main(port: int) -> None:
         writer.open()  # a damaged chain refuses the start, not the first request
     log().info("worker_start", port=port, registry=registry.revision)
     _announce(policy.current.chain)
+    # The chain proves which configuration was in force: every start, reload and refused edit.
+    _audit_config(
+        env, "worker_start", policy=policy.current.revision, registry=registry.revision, port=port
+    )
 
     def reloaded(f: Reloadable[Any]) -> None:
         log().info("file_reloaded", path=str(f.path), revision=f.revision)
+        extra = {"policy": policy.current.revision} if f is policy else {}
+        _audit_config(env, "file_loaded", path=str(f.path), revision=f.revision, **extra)
         if f is policy:
             _announce(policy.current.chain)
 
@@ -54,6 +60,7 @@ async def _main(port: int) -> None:
         log().error(
             "file_refused_keeping_last_good", path=str(f.path), revision=f.revision, error=f.last_error
         )
+        _audit_config(env, "file_refused", path=str(f.path), kept=f.revision, error=f.last_error)
 
     watcher = asyncio.create_task(watch(env.reloadables, reloaded, refused)) if env.reloadables else None
     mdir = settings.metrics_dir
@@ -78,6 +85,17 @@ def _announce(chain: Chain) -> None:
     log().info("chain", filters=chain.names, policy=chain.revision)
     if "principal" not in chain.names:
         log().warning("chain_without_principal", filters=chain.names)
+
+
+def _audit_config(env: BuildEnv, kind: str, **fields: Any) -> None:
+    """A configuration event in the audit chain (when the policy audits)."""
+    writer: ChainWriter | None = env.engines.get("audit:writer")
+    if writer is None:
+        return
+    try:
+        writer.append({"v": 1, "kind": kind, "time": now(), **fields})
+    except AuditError as exc:
+        log().error("audit_write_failed", kind=kind, error=str(exc))
 
 
 def _log_audit_head(env: BuildEnv) -> int:

@@ -183,15 +183,15 @@ class GatewayEnv:
             env=env,
         )
 
-    def audit(self) -> list[dict[str, Any]]:
-        """Every audit record written so far, all workers' chains, each chain verified first."""
+    def audit(self, kind: str = "request") -> list[dict[str, Any]]:
+        """The audit records of this kind so far, all workers' chains, each chain verified first."""
         from gateway import audit
 
         out: list[dict[str, Any]] = []
         for path in audit.chain_files(self.settings.audit_path):
             checked = audit.verify(path)
             assert checked.ok, checked.problem
-            out += audit.read(path)
+            out += [r for r in audit.read(path) if r["kind"] == kind]
         return out
 
     def audit_for(self, request_id: str) -> dict[str, Any]:
