@@ -82,7 +82,9 @@ def run(directory: Path, env: Any) -> int:
             continue
         for i, case in enumerate(tests.cases):
             r = case.request
-            out = pol.decide(policy.Subject(r.tenant, tuple(r.groups), r.user, r.model, r.path, r.protocol, r.key))
+            out = pol.decide(
+                policy.Subject(r.tenant, tuple(r.groups), r.user, r.model, r.path, r.protocol, r.key)
+            )
             rule = out.rule.rule.name if out.rule else "default"
             ok = (
                 out.action.value == case.expect.decision

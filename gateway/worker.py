@@ -45,9 +45,7 @@ async def _main(port: int) -> None:
     log().info("worker_start", port=port, registry=registry.revision)
     _announce(policy.current.chain)
     # The chain proves which configuration was in force: every start, reload and refused edit.
-    _audit_config(
-        env, "worker_start", policy=policy.current.revision, registry=registry.revision, port=port
-    )
+    _audit_config(env, "worker_start", policy=policy.current.revision, registry=registry.revision, port=port)
 
     def reloaded(f: Reloadable[Any]) -> None:
         log().info("file_reloaded", path=str(f.path), revision=f.revision)

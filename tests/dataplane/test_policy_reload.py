@@ -32,6 +32,24 @@ def _revisions_by_request(logs: str) -> dict[str, str]:
     return out
 
 
+def _chains_record_their_loads(audit_dir: Path, refused_at: str) -> None:
+    """Each chain holds the loads themselves: a request names a policy its worker had recorded
+    loading before it (one in flight across a swap keeps its older one), and the refused edit is
+    there with its place."""
+    from gateway import audit
+
+    for path in audit.chain_files(audit_dir):
+        loaded: list[str] = []
+        for rec in audit.read(path):
+            if rec["kind"] in ("worker_start", "file_loaded") and "policy" in rec:
+                loaded.append(rec["policy"])
+            elif rec["kind"] == "request":
+                assert rec["decision"]["policy"] in loaded[-2:]
+        assert len(loaded) >= 3
+        refused = [r for r in audit.read(path) if r["kind"] == "file_refused"]
+        assert refused and refused_at in refused[-1]["error"]
+
+
 def test_reload_under_load(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
     pol = tmp_path / "policy.yaml"
     pol.write_text(POLICY.replace("{message}", "no v1"))
@@ -92,21 +110,7 @@ def test_reload_under_load(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
             assert rec["trace_id"] not in audited
             audited[rec["trace_id"]] = rec["decision"]["policy"]
         assert [audited[rid] for _, rid in results] == seen
-        # Each chain also holds the loads themselves: a request names a policy its worker had
-        # recorded loading before it (a request in flight across a swap keeps its older one), and
-        # the refused edit is there with its place.
-        from gateway import audit
-
-        for path in audit.chain_files(env.settings.audit_path):
-            loaded: list[str] = []
-            for rec in audit.read(path):
-                if rec["kind"] in ("worker_start", "file_loaded") and "policy" in rec:
-                    loaded.append(rec["policy"])
-                elif rec["kind"] == "request":
-                    assert rec["decision"]["policy"] in loaded[-2:]
-            assert len(loaded) >= 3
-            refused = [r for r in audit.read(path) if r["kind"] == "file_refused"]
-            assert refused and f"{pol}:7:13" in refused[-1]["error"]
+        _chains_record_their_loads(env.settings.audit_path, f"{pol}:7:13")
 
 
 def test_model_list_shows_only_what_the_caller_may_use(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
