@@ -53,9 +53,21 @@ BODY = json.dumps(
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_s(pid: int, thread: int | None = None) -> float:
+    """CPU seconds of a process (all threads), or of one of its threads."""
+    where = f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat"
+    fields = Path(where).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _cpu(stack: Stack) -> tuple[float, float, float]:
+    """Envoy, all worker threads, and the workers' main threads (the event loop: every line of
+    Python, uvloop and gRPC's callbacks; the rest is gRPC's own poller and engine threads)."""
+    return (
+        _cpu_s(stack.envoy_pid),
+        sum(_cpu_s(p) for p in stack.worker_pids),
+        sum(_cpu_s(p, p) for p in stack.worker_pids),
+    )
 
 
 def _upstream_envoy(port: int, admin: int, out: Path) -> Proc:
@@ -372,9 +384,9 @@ def main() -> None:
                     asyncio.run(_load(stack.url_port, req, 8, 300))  # warm-up
                     results[name] = {}
                     for c in (1, 8, 32):
-                        cpu0 = (_cpu_s(stack.envoy_pid), sum(_cpu_s(p) for p in stack.worker_pids))
+                        cpu0 = _cpu(stack)
                         lat, wall, errors = asyncio.run(_load(stack.url_port, req, c, args.requests))
-                        cpu1 = (_cpu_s(stack.envoy_pid), sum(_cpu_s(p) for p in stack.worker_pids))
+                        cpu1 = _cpu(stack)
                         n = len(lat)
                         results[name][c] = {
                             "rps": n / wall,
@@ -383,6 +395,7 @@ def main() -> None:
                             "errors": errors,
                             "envoy_us": (cpu1[0] - cpu0[0]) / n * 1e6,
                             "workers_us": (cpu1[1] - cpu0[1]) / n * 1e6,
+                            "main_us": (cpu1[2] - cpu0[2]) / n * 1e6,
                         }
                     if name in ("envoy-only", "full chain", "+ answers", "chain + pii", "+ risk+audit"):
                         ttft[name] = asyncio.run(_ttft(stack.url_port, args.ttft))
@@ -394,10 +407,12 @@ def main() -> None:
         f"\nztgate latency benchmark, {os.cpu_count()} cores, {args.workers} workers, "
         f"{args.requests} requests per level, Python {sys.version.split()[0]}"
     )
-    print("added = this config's latency minus envoy-only's at the same concurrency\n")
+    print("added = this config's latency minus envoy-only's at the same concurrency")
+    print("workers = all threads of the worker processes; loop = their main threads (Python, uvloop,")
+    print("gRPC callbacks), the rest being gRPC's own poller and engine threads\n")
     print(
         f"{'config':<12} {'c':>3} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
-        f"{'envoy µs':>9} {'workers µs':>11} {'errors':>6}"
+        f"{'envoy µs':>9} {'workers µs':>11} {'loop µs':>8} {'errors':>6}"
     )
     base = results["envoy-only"]
     for name, by_c in results.items():
@@ -405,7 +420,7 @@ def main() -> None:
             print(
                 f"{name:<12} {c:>3} {r['rps']:>8.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} "
                 f"{r['p50'] - base[c]['p50']:>8.2f} {r['p99'] - base[c]['p99']:>8.2f} "
-                f"{r['envoy_us']:>9.0f} {r['workers_us']:>11.0f} {r['errors']:>6.0f}"
+                f"{r['envoy_us']:>9.0f} {r['workers_us']:>11.0f} {r['main_us']:>8.0f} {r['errors']:>6.0f}"
             )
     print("\nstreamed answer, time to first content chunk (c=1):")
     for name, xs in ttft.items():
