@@ -342,3 +342,30 @@ def test_a_client_that_leaves_mid_stream_leaves_an_aborted_record(tmp_path: Path
             )
     finally:
         up.stop()
+
+
+def test_one_record_per_request_under_concurrent_load(tmp_path: Path, chat_up: ScriptedUpstream) -> None:
+    n, concurrency = 600, 16
+
+    async def flow(url: str) -> list[tuple[int, str]]:
+        sem = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(timeout=30) as c:
+
+            async def one(i: int) -> tuple[int, str]:
+                body = {
+                    "model": "open",
+                    "stream": i % 3 == 0,
+                    "messages": [{"role": "user", "content": f"q{i}"}],
+                }
+                async with sem:
+                    r = await c.post(url, json=body, headers=AUTH)
+                return r.status_code, r.headers["x-request-id"]
+
+            return await asyncio.gather(*(one(i) for i in range(n)))
+
+    with _gateway(tmp_path, chat_up.port) as env:
+        results = asyncio.run(flow(env.url + "/v1/chat/completions"))
+        assert {s for s, _ in results} == {200}
+        records = env.audit()  # both workers' chains verified
+        assert sorted(r["trace_id"] for r in records) == sorted(rid for _, rid in results)
+        assert len(audit.chain_files(env.settings.audit_path)) == 2
