@@ -281,6 +281,40 @@ def _audit_fingerprint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit_find(args: argparse.Namespace) -> int:
+    from gateway import audit
+    from gateway.keyfile import load_or_create
+    from gateway.settings import Settings
+
+    s = Settings.from_env()
+    want_fp = None
+    if args.text_file:
+        if not s.audit_key_path.exists():
+            print(f"no audit key at {s.audit_key_path} (set ZTGATE_AUDIT_KEY_FILE)", file=sys.stderr)
+            return 2
+        want_fp = audit.fingerprint(
+            load_or_create(s.audit_key_path), Path(args.text_file).read_text(encoding="utf-8")
+        )
+    found = 0
+    for path in audit.chain_files(Path(args.dir or s.audit_path)):
+        checked = audit.verify(path)
+        if not checked.ok:
+            print(f"{path}: BROKEN at {checked.problem}; its records are not trusted", file=sys.stderr)
+        for rec in audit.read(path)[: checked.records]:
+            who = rec.get("principal") or {}
+            texts = [rec.get("prompt") or {}, rec.get("response") or {}]
+            if (
+                (args.trace_id and rec.get("trace_id") != args.trace_id)
+                or (args.user and who.get("user") != args.user)
+                or (args.tenant and who.get("tenant") != args.tenant)
+                or (want_fp and not any(t.get("fingerprint") == want_fp for t in texts))
+            ):
+                continue
+            found += 1
+            print(json.dumps({"chain": path.name, **rec}, ensure_ascii=False))
+    return 0 if found else 1
+
+
 def _risk(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -318,6 +352,15 @@ def _ops_commands(sub: Any) -> None:
     )
     s.add_argument("file", nargs="?", help="the text, exactly (default: stdin)")
     s.set_defaults(fn=_audit_fingerprint)
+    s = aud.add_parser(
+        "find", help="records of verified chains by trace id, user, or a text's fingerprint (exit 1: none)"
+    )
+    s.add_argument("dir", nargs="?", help="chain file or folder (default: ZTGATE_AUDIT_DIR)")
+    s.add_argument("--trace-id")
+    s.add_argument("--tenant")
+    s.add_argument("--user")
+    s.add_argument("--text-file", help="records whose prompt or answer is exactly this text")
+    s.set_defaults(fn=_audit_find)
     risk = sub.add_parser("risk", help="per-user risk graphs in Redis").add_subparsers(
         dest="risk_cmd", required=True
     )

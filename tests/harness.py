@@ -173,6 +173,7 @@ class GatewayEnv:
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "ZTGATE_REDIS_PREFIX": self.settings.redis_prefix,
             "ZTGATE_AUDIT_DIR": str(self.settings.audit_path),
+            "ZTGATE_AUDIT_KEY_FILE": str(self.settings.audit_key_path),
         }
         return subprocess.run(
             [sys.executable, "-m", "gateway.cli", *args],

@@ -159,6 +159,17 @@ def test_five_tuple_for_whole_and_streamed_answers_without_text(
         blob = "".join(p.read_text() for p in audit.chain_files(env.settings.audit_path))
         assert "rate today" not in blob and "the answer" not in blob
         # Two workers, two chains, each verified by the CLI.
+        # An investigator holding a text finds who sent it, without the log holding the text.
+        (tmp_path / "asked.txt").write_text("what is the rate today?")
+        found = env.cli("audit", "find", "--text-file", str(tmp_path / "asked.txt"))
+        hits = [json.loads(line) for line in found.stdout.splitlines()]
+        assert sorted(h["trace_id"] for h in hits) == sorted(
+            r.headers["x-request-id"] for r in (whole, stream)
+        ), found.stderr
+        one = env.cli("audit", "find", "--trace-id", whole.headers["x-request-id"])
+        assert [json.loads(line)["response"]["chars"] for line in one.stdout.splitlines()] == [10]
+        (tmp_path / "other.txt").write_text("what is the rate today")
+        assert env.cli("audit", "find", "--text-file", str(tmp_path / "other.txt")).returncode == 1
         out = env.cli("audit", "verify", str(env.settings.audit_path))
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stdout.count(": ok,") == len(audit.chain_files(env.settings.audit_path)) >= 1
