@@ -166,6 +166,21 @@ class GatewayEnv:
         from gateway.procs import stop_all
 
         stop_all(self.gw.procs)
+        self._forget_redis_keys()
+
+    def _forget_redis_keys(self) -> None:
+        """Drop this gateway's risk keys from the shared Redis (review records never expire)."""
+        import redis
+
+        client = redis.Redis.from_url(self.settings.redis_url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            keys = list(client.scan_iter(match=f"{self.settings.redis_prefix}*", count=1000))
+            if keys:
+                client.delete(*keys)
+        except redis.RedisError:
+            pass  # a test that pointed the gateway at a dead Redis left nothing there
+        finally:
+            client.close()
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run `ztgate ARGS` as an operator would, against this gateway's Redis keys and audit chains."""
