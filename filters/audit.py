@@ -13,12 +13,22 @@ Tamper evidence: records form one hash chain per worker process (gateway.audit).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from filters.base import CONTINUE, BaseFilter, Decision, Deny, Phase, RequestContext, fail_mode_verdict
+from filters.base import (
+    CONTINUE,
+    BaseFilter,
+    Decision,
+    Deny,
+    Phase,
+    RequestContext,
+    fail_mode,
+    fail_mode_fired,
+)
 from filters.chain import BuildEnv, register
 from gateway.audit import AuditError, ChainWriter, fingerprint, now
 from gateway.errors import ErrorCode
@@ -44,6 +54,9 @@ class AuditParams(BaseModel):
     )
 
 
+_UNAVAILABLE = Deny(503, ErrorCode.AUDIT_UNAVAILABLE, "the audit log is unavailable; try again later")
+
+
 class Audit(BaseFilter):
     """Write one chained audit record per request."""
 
@@ -67,11 +80,7 @@ class Audit(BaseFilter):
         except AuditError as exc:
             # The record is lost; say so where operators look (no request text is in the error).
             log().error("audit_write_failed", request_id=ctx.request_id, error=str(exc))
-            let_through = ctx.policy is not None and ctx.policy.fails_open("audit")
-            ctx.verdicts.append(fail_mode_verdict(self.name, "audit", "AuditError", let_through=let_through))
-            if let_through:
-                return CONTINUE
-            return Deny(503, ErrorCode.AUDIT_UNAVAILABLE, "the audit log is unavailable; try again later")
+            return fail_mode(ctx, self.name, "audit", "AuditError", _UNAVAILABLE)
         return CONTINUE
 
     def _text(self, text: str) -> dict[str, Any]:
@@ -101,10 +110,9 @@ class Audit(BaseFilter):
                 for kind, n in v.counts:
                     side, _, entity = kind.partition(":")
                     redacted.append({"side": side, "entity": entity, "count": n, "action": v.action})
-            if v.phase == "fail_mode":
-                dependency, _, why = v.detail.partition("_failed=")
-                mode = "allow_with_flag" if v.action == "flag" else "deny"
-                fail_modes.append({"dependency": dependency, "mode": mode, "why": why})
+            fired = fail_mode_fired(v)
+            if fired is not None:
+                fail_modes.append(dataclasses.asdict(fired))
         policy = ctx.policy
         return {
             "v": RECORD_VERSION,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from filters._protocols import Answer, Prompt
-    from gateway.policy import CompiledPolicy
+    from gateway.policy import CompiledPolicy, Dependency
     from gateway.registry import Registry, Route
 
 
@@ -87,11 +87,32 @@ class Verdict:
     counts: tuple[tuple[str, int], ...] = ()
 
 
-def fail_mode_verdict(filter_name: str, dependency: str, why: str, *, let_through: bool) -> Verdict:
-    """The verdict of a dependency's fail mode firing; the audit record lists these."""
-    return Verdict(
-        filter_name, "fail_mode", "flag" if let_through else "deny", 0.0, f"{dependency}_failed={why}"
-    )
+def fail_mode(
+    ctx: RequestContext, filter_name: str, dependency: Dependency, why: str, refusal: Deny
+) -> Decision:
+    """A dependency failed: the policy's `fail_mode` for it decides (`refusal` unless it says
+    allow_with_flag), and a `fail_mode` verdict records which mode fired."""
+    let_through = ctx.policy is not None and ctx.policy.fails_open(dependency)
+    action = "flag" if let_through else "deny"
+    ctx.verdicts.append(Verdict(filter_name, "fail_mode", action, 0.0, f"{dependency}_failed={why}"))
+    return CONTINUE if let_through else refusal
+
+
+@dataclass(frozen=True, slots=True)
+class FailModeFired:
+    """A fail_mode verdict read back: for the audit record and metrics."""
+
+    dependency: str
+    mode: str  # deny or allow_with_flag
+    why: str
+
+
+def fail_mode_fired(v: Verdict) -> FailModeFired | None:
+    """The fail mode a verdict records, or None if it records none."""
+    if v.phase != "fail_mode":
+        return None
+    dependency, _, why = v.detail.partition("_failed=")
+    return FailModeFired(dependency, "allow_with_flag" if v.action == "flag" else "deny", why)
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ from filters.base import (
     Phase,
     RequestContext,
     Verdict,
-    fail_mode_verdict,
+    fail_mode,
 )
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
@@ -69,6 +69,11 @@ class InjectionParams(BaseModel):
         le=64,
         description="Windows read per text (the first ones and the last); default: the model's manifest (8 if it says nothing).",
     )
+
+
+_UNAVAILABLE = Deny(
+    503, ErrorCode.CLASSIFIER_UNAVAILABLE, "the content classifier is unavailable; try again later"
+)
 
 
 class PromptInjection(BaseFilter):
@@ -117,13 +122,7 @@ class PromptInjection(BaseFilter):
         return CONTINUE
 
     def _failed(self, ctx: RequestContext, why: str) -> Decision:
-        let_through = ctx.policy is not None and ctx.policy.fails_open("classifier")
-        ctx.verdicts.append(fail_mode_verdict(self.name, "classifier", why, let_through=let_through))
-        if let_through:
-            return CONTINUE
-        return Deny(
-            503, ErrorCode.CLASSIFIER_UNAVAILABLE, "the content classifier is unavailable; try again later"
-        )
+        return fail_mode(ctx, self.name, "classifier", why, _UNAVAILABLE)
 
 
 @register("prompt_injection", InjectionParams)

@@ -27,7 +27,7 @@ from filters.base import (
     Phase,
     RequestContext,
     Verdict,
-    fail_mode_verdict,
+    fail_mode,
 )
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
@@ -67,6 +67,9 @@ class RiskParams(BaseModel):
         default="enforce", description="monitor: count and escalate, but let users under review through."
     )
     timeout_s: float = Field(default=0.25, gt=0.0, le=5.0, description="Time budget of one Redis call.")
+
+
+_UNAVAILABLE = Deny(503, ErrorCode.RISK_UNAVAILABLE, "the risk service is unavailable; try again later")
 
 
 class Risk(BaseFilter):
@@ -159,13 +162,7 @@ class Risk(BaseFilter):
         return CONTINUE
 
     def _failed(self, ctx: RequestContext, exc: Exception) -> Decision:
-        let_through = ctx.policy is not None and ctx.policy.fails_open("redis")
-        ctx.verdicts.append(
-            fail_mode_verdict(self.name, "redis", type(exc).__name__, let_through=let_through)
-        )
-        if let_through:
-            return CONTINUE
-        return Deny(503, ErrorCode.RISK_UNAVAILABLE, "the risk service is unavailable; try again later")
+        return fail_mode(ctx, self.name, "redis", type(exc).__name__, _UNAVAILABLE)
 
 
 @register("risk", RiskParams)

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 
 import grpc
 
-from filters.base import CONTINUE, Continue, Decision, Deny, Phase, RequestContext, Respond
+from filters.base import (
+    CONTINUE,
+    Continue,
+    Decision,
+    Deny,
+    Phase,
+    RequestContext,
+    Respond,
+    fail_mode_fired,
+)
 from filters.chain import Chain, merge
 from gateway.errors import ErrorCode
 from gateway.extproc import convert as cv
@@ -321,9 +330,9 @@ class ExtProcServer:
         for v in ctx.verdicts:
             if v.counts:
                 self._metrics.found(v.filter, v.action, v.counts)
-            if v.phase == "fail_mode":
-                dependency = v.detail.partition("_failed=")[0]
-                self._metrics.fail_mode(dependency, "allow_with_flag" if v.action == "flag" else "deny")
+            fired = fail_mode_fired(v)
+            if fired is not None:
+                self._metrics.fail_mode(fired.dependency, fired.mode)
             elif v.filter == "risk" and v.action == "escalate":
                 self._metrics.escalation("rule" if "reason=rule" in v.detail else "threshold")
         route = ctx.route
