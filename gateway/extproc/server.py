@@ -11,8 +11,9 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
@@ -35,6 +36,7 @@ from gateway.observability import log, where
 from gateway.policy import CompiledPolicy
 from gateway.registry import Registry
 
+T = TypeVar("T")
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 OWNED_PREFIX = "x-ztgate-"
 
@@ -98,22 +100,8 @@ class ExtProcServer:
             async for req in requests:
                 t0 = time.perf_counter()
                 kind = req.WhichOneof("request")
-                try:
-                    resp = await within(self._budget, self._handle(kind, req, st))
-                except TimeoutError:
-                    self._metrics.failure("timeout")
-                    self._log.warning("phase_timeout", request_id=self._rid(st), phase=kind)
-                    resp = self._deny(st, Deny(504, ErrorCode.GATEWAY_TIMEOUT, "the gateway took too long"))
-                except Exception as exc:  # noqa: BLE001 - any bug denies (fail closed), logged without values
-                    self._metrics.failure("error")
-                    self._log.error(
-                        "chain_error",
-                        request_id=self._rid(st),
-                        phase=kind,
-                        error_type=type(exc).__name__,
-                        at=where(exc),
-                    )
-                    resp = self._deny(st, Deny(500, ErrorCode.INTERNAL, "internal gateway error"))
+                out = await self._guarded(st, kind, self._handle(kind, req, st))
+                resp = self._deny(st, out) if isinstance(out, Deny) else out
                 if st.settling is None and self._terminal(kind, req, st, resp):
                     resp = await self._settle(st, resp)
                 self._metrics.phase(kind or "unknown", time.perf_counter() - t0)
@@ -164,7 +152,7 @@ class ExtProcServer:
         if st.settling is None:
             ctx.outcome = "aborted" if aborted and st.outcome == "allowed" else st.outcome
             ctx.status, ctx.error_code = st.status or ctx.response_status or 0, st.code
-            st.settling = asyncio.ensure_future(self._settle_chain(ctx, chain))
+            st.settling = asyncio.ensure_future(self._guarded(st, "settle", chain.settle(ctx)))
         return st.settling
 
     async def _settle(self, st: _Stream, resp: cv.Message) -> cv.Message:
@@ -177,17 +165,23 @@ class ExtProcServer:
             return self._deny(st, d)
         return resp
 
-    async def _settle_chain(self, ctx: RequestContext, chain: Chain) -> Decision:
+    async def _guarded(self, st: _Stream, phase: str | None, work: Coroutine[Any, Any, T]) -> T | Deny:
+        """`work` within the phase budget; a timeout or any exception is a Deny (fail closed),
+        logged with the request id and without values."""
         try:
-            return await within(self._budget, chain.settle(ctx))
+            return await within(self._budget, work)
         except TimeoutError:
             self._metrics.failure("timeout")
-            self._log.warning("phase_timeout", request_id=ctx.request_id, phase="settle")
+            self._log.warning("phase_timeout", request_id=self._rid(st), phase=phase)
             return Deny(504, ErrorCode.GATEWAY_TIMEOUT, "the gateway took too long")
-        except Exception as exc:  # noqa: BLE001 - a bug while recording refuses (fail closed)
+        except Exception as exc:  # noqa: BLE001 - any bug denies (fail closed), logged without values
             self._metrics.failure("error")
             self._log.error(
-                "settle_error", request_id=ctx.request_id, error_type=type(exc).__name__, at=where(exc)
+                "chain_error",
+                request_id=self._rid(st),
+                phase=phase,
+                error_type=type(exc).__name__,
+                at=where(exc),
             )
             return Deny(500, ErrorCode.INTERNAL, "internal gateway error")
 
