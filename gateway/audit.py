@@ -153,9 +153,10 @@ class Verified:
     """What the verifier found in one chain file."""
 
     path: Path
-    records: int
+    records: int  # intact records, from the first (all of them when ok)
     head: str
     problem: str | None  # None: intact; else `line N: what is wrong`
+    kept: tuple[dict[str, Any], ...] = ()  # the intact records themselves, if asked for
 
     @property
     def ok(self) -> bool:
@@ -163,43 +164,44 @@ class Verified:
         return self.problem is None
 
 
-def verify(path: Path) -> Verified:
-    """Check a chain file line by line; stops at the first problem."""
-    prev, n = GENESIS, 0
+def verify(path: Path, *, keep: bool = False) -> Verified:
+    """Check a chain file line by line; stops at the first problem. `keep`: also return the
+    intact records (one read and parse serves checking and reading)."""
+    prev = GENESIS
+    kept: list[dict[str, Any]] = []
+
+    def result(problem: str | None) -> Verified:
+        return Verified(path, len(kept), prev, problem, tuple(kept) if keep else ())
+
     try:
         data = path.read_bytes()
     except OSError as exc:
-        return Verified(path, 0, prev, f"cannot read: {exc.strerror}")
+        return result(f"cannot read: {exc.strerror}")
     *lines, torn = data.split(b"\n")
     for i, raw in enumerate(lines, start=1):
+        n = len(kept)
         try:
             line = raw.decode()
         except UnicodeDecodeError:
-            return Verified(path, n, prev, f"line {i}: not UTF-8")
+            return result(f"line {i}: not UTF-8")
         rec = _parse(line)
         if rec is None:
-            return Verified(path, n, prev, f"line {i}: not an audit record")
+            return result(f"line {i}: not an audit record")
         if canonical(rec) != line:
-            return Verified(path, n, prev, f"line {i}: not in canonical form (edited)")
+            return result(f"line {i}: not in canonical form (edited)")
         if rec["seq"] != n:
-            return Verified(
-                path, n, prev, f"line {i}: seq {rec['seq']!r}, expected {n} (removed or reordered)"
-            )
+            return result(f"line {i}: seq {rec['seq']!r}, expected {n} (removed or reordered)")
         if rec["prev"] != prev:
-            return Verified(path, n, prev, f"line {i}: prev does not match line {i - 1}'s hash")
+            return result(f"line {i}: prev does not match line {i - 1}'s hash")
         if rec["hash"] != record_hash(rec):
-            return Verified(path, n, prev, f"line {i}: hash does not match its content (edited)")
-        prev, n = rec["hash"], n + 1
+            return result(f"line {i}: hash does not match its content (edited)")
+        prev = rec["hash"]
+        kept.append(rec)
     if torn:
-        return Verified(path, n, prev, f"line {n + 1}: incomplete (no final newline)")
-    return Verified(path, n, prev, None)
+        return result(f"line {len(kept) + 1}: incomplete (no final newline)")
+    return result(None)
 
 
 def chain_files(target: Path) -> list[Path]:
     """The chain files at `target`: the file itself, or every `*.jsonl` in a directory."""
     return sorted(target.glob("*.jsonl")) if target.is_dir() else [target]
-
-
-def read(path: Path) -> list[dict[str, Any]]:
-    """Every record of a chain file (no checks: verify first)."""
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]

@@ -297,10 +297,10 @@ def _audit_find(args: argparse.Namespace) -> int:
         )
     found = 0
     for path in audit.chain_files(Path(args.dir or s.audit_path)):
-        checked = audit.verify(path)
+        checked = audit.verify(path, keep=True)
         if not checked.ok:
             print(f"{path}: BROKEN at {checked.problem}; its records are not trusted", file=sys.stderr)
-        for rec in audit.read(path)[: checked.records]:
+        for rec in checked.kept:
             who = rec.get("principal") or {}
             texts = [rec.get("prompt") or {}, rec.get("response") or {}]
             if (

@@ -205,9 +205,9 @@ class GatewayEnv:
 
         out: list[dict[str, Any]] = []
         for path in audit.chain_files(self.settings.audit_path):
-            checked = audit.verify(path)
+            checked = audit.verify(path, keep=True)
             assert checked.ok, checked.problem
-            out += [r for r in audit.read(path) if r["kind"] == kind]
+            out += [r for r in checked.kept if r["kind"] == kind]
         return out
 
     def audit_for(self, request_id: str) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         # ...and audits every call: one chained record, a fingerprint and no text.
         chains = audit.chain_files(tmp_path / "state" / "audit")
         assert chains and all(audit.verify(c).ok for c in chains)
-        records = [rec for c in chains for rec in audit.read(c)]
+        records = [rec for c in chains for rec in audit.verify(c, keep=True).kept]
         mine = [rec for rec in records if rec.get("trace_id") == r.headers["x-request-id"]]
         assert len(mine) == 1 and mine[0]["model"]["ref"] == "tiny-llama@v1"
         assert mine[0]["prompt"]["fingerprint"].startswith("hmac-sha256:") and "text" not in mine[0]["prompt"]

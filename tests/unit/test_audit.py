@@ -34,7 +34,7 @@ def test_records_chain_and_a_restarted_writer_continues(tmp_path: Path) -> None:
     w = audit.ChainWriter(path)
     w.append({"i": 3})
     w.close()
-    recs = audit.read(path)
+    recs = audit.verify(path, keep=True).kept
     assert [r["seq"] for r in recs] == [0, 1, 2, 3]
     assert recs[0]["prev"] == audit.GENESIS and recs[3]["prev"] == first.head
     assert audit.verify(path).ok
