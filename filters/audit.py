@@ -30,7 +30,7 @@ from filters.base import (
     fail_mode_fired,
 )
 from filters.chain import BuildEnv, register
-from gateway.audit import AuditError, ChainWriter, fingerprint, now
+from gateway.audit import WRITER_ENGINE, AuditError, ChainWriter, fingerprint, now
 from gateway.errors import ErrorCode
 from gateway.keyfile import load_or_create
 from gateway.observability import log
@@ -158,6 +158,6 @@ def _build(env: BuildEnv, params: AuditParams) -> Audit:
     s = env.settings
     # One writer per process, shared by every policy revision's chain: one unbroken hash chain.
     writer = env.engine(
-        "audit:writer", lambda: ChainWriter(s.audit_path / f"{s.instance}-{env.instance}.jsonl")
+        WRITER_ENGINE, lambda: ChainWriter(s.audit_path / f"{s.instance}-{env.instance}.jsonl")
     )
     return Audit(writer, env.engine("audit:key", lambda: load_or_create(s.audit_key_path)), params)

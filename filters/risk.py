@@ -118,7 +118,7 @@ class Risk(BaseFilter):
             elif v.filter == "access" and v.action == "review":
                 kinds.append("review")
                 escalate = escalate or f"rule:{v.detail}"
-            elif v.filter == "access" and v.action == "deny" and v.phase != "settle":
+            elif v.filter == "access" and v.action == "deny":
                 kinds.append("policy_deny")
             elif v.filter == "pii" and any(k.startswith("request:") for k, _ in v.counts):
                 kinds.append("pii_prompt")

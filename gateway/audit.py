@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 GENESIS = "0" * 64
+# The process's one ChainWriter, among the BuildEnv engines (shared by every policy revision).
+WRITER_ENGINE = "audit:writer"
 _CHAINED = ("seq", "prev", "hash")
 
 

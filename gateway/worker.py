@@ -16,7 +16,7 @@ from typing import Any
 import uvloop
 
 from filters.chain import BuildEnv, Chain
-from gateway.audit import AuditError, ChainWriter, now
+from gateway.audit import WRITER_ENGINE, AuditError, ChainWriter, now
 from gateway.config_yaml import ConfigError
 from gateway.extproc.server import ExtProcServer, serve
 from gateway.metrics import Metrics
@@ -39,7 +39,7 @@ async def _main(port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: task.cancel() if task else None)
-    writer = env.engines.get("audit:writer")
+    writer = _writer(env)
     if writer is not None:
         writer.open()  # a damaged chain refuses the start, not the first request
     log().info("worker_start", port=port, registry=registry.revision)
@@ -85,9 +85,15 @@ def _announce(chain: Chain) -> None:
         log().warning("chain_without_principal", filters=chain.names)
 
 
+def _writer(env: BuildEnv) -> ChainWriter | None:
+    """This process's audit chain, if its policy audits (a reload may add it later)."""
+    writer: ChainWriter | None = env.engines.get(WRITER_ENGINE)
+    return writer
+
+
 def _audit_config(env: BuildEnv, kind: str, **fields: Any) -> None:
     """A configuration event in the audit chain (when the policy audits)."""
-    writer: ChainWriter | None = env.engines.get("audit:writer")
+    writer = _writer(env)
     if writer is None:
         return
     try:
@@ -99,7 +105,7 @@ def _audit_config(env: BuildEnv, kind: str, **fields: Any) -> None:
 def _log_audit_head(env: BuildEnv) -> int:
     """Log the audit chain's head (an anchor outside the chain, so records cut off its end show
     against the log); returns the records written, -1 without an audit chain."""
-    writer: ChainWriter | None = env.engines.get("audit:writer")
+    writer = _writer(env)
     if writer is None:
         return -1
     log().info("audit_head", path=str(writer.path), records=writer.seq, head=writer.head)
@@ -111,7 +117,7 @@ async def _anchor_audit(env: BuildEnv, every_s: float = 60.0) -> None:
     last = -1
     while True:
         await asyncio.sleep(every_s)
-        writer: ChainWriter | None = env.engines.get("audit:writer")
+        writer = _writer(env)
         if writer is not None and writer.seq != last:
             last = _log_audit_head(env)
 
