@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from classifiers.injection import augment, extra, graph, tokenizer
+from classifiers.injection import augment, clean, extra, graph, tokenizer
 from classifiers.injection.data import DATASETS, Row, load, split_calibration
 from classifiers.injection.evaluate import threshold_at_fpr
 from classifiers.injection.runtime import cut_windows, session
@@ -87,6 +87,9 @@ class Recipe:
     # Fine-tuning inputs: this share of each window's tokens is replaced by <mask>, so no single
     # word or template decides a verdict alone. Off: 0.15 read no better on folds 3-4 (model card)
     token_dropout: float = 0.0
+    # Label-noise cleaning (clean.py): attack rows whose out-of-fold character-model score is under
+    # this are dropped before training (0: off).
+    clean: float = 0.0
     calib_fpr: float = 0.005  # threshold: flags this share of the held-back benign rows (model card)
     pretrained: bool = True  # start from the masked-LM encoder (False: from random weights)
 
@@ -300,8 +303,9 @@ def _weights(
 
 
 def augmented(rows: Sequence[Row], r: Recipe) -> list[Row]:
-    """The training rows, the extra rows when the recipe asks for them, and every augmentation the
-    recipe asks for (drawn only from `rows`)."""
+    """The training rows (label-cleaned when the recipe asks), the extra rows when the recipe asks
+    for them, and every augmentation the recipe asks for (drawn only from `rows`)."""
+    rows = clean.drop_noisy_attacks(rows, r.clean, r.seed) if r.clean else list(rows)
     return [
         *rows,
         *(extra.shipped() if r.extra else ()),
