@@ -10,7 +10,10 @@ has it). For each, at concurrency 1, 8 and 32: req/s, p50/p99 latency, the p50/p
 over Envoy alone, and CPU µs per request of Envoy and of the workers (from /proc). Then time to
 first token on a streamed answer, Envoy alone vs the chains.
 
-    .venv/bin/python -m bench.latency [--requests 3000] [--workers 2]
+    .venv/bin/python -m bench.latency [--requests 3000] [--workers 2] [--configs 'grpc floor,+ answers']
+
+The workers inherit the environment, so gRPC's own switches can be compared the same way (e.g.
+`GRPC_EXPERIMENTS=-event_engine_callback_cq`).
 
 The load generator is Python (asyncio + uvloop, raw HTTP/1.1 keep-alive) on the same 2 cores, so
 absolute req/s are lower than a C load generator would show; the added latency is the comparison.
@@ -349,11 +352,27 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] * 1000
 
 
+def _subset(
+    ap: argparse.ArgumentParser, configs: list[tuple[str, str, bool]], names: str
+) -> list[tuple[str, str, bool]]:
+    """The set-ups named in --configs, with envoy-only (the added columns' base)."""
+    wanted = {"envoy-only", *(c.strip() for c in names.split(","))}
+    unknown = wanted - {name for name, _, _ in configs}
+    if unknown:
+        ap.error(f"--configs: unknown set-ups {sorted(unknown)}; known: {[n for n, _, _ in configs]}")
+    return [c for c in configs if c[0] in wanted]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=3000, help="requests per concurrency level")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--ttft", type=int, default=200, help="streamed requests for time to first token")
+    ap.add_argument(
+        "--configs",
+        help="comma-separated subset of the set-ups, e.g. 'grpc floor,+ answers' (envoy-only always runs: "
+        "the added columns are measured against it)",
+    )
     args = ap.parse_args()
     configs = [
         ("envoy-only", "static_route", True),
@@ -366,6 +385,8 @@ def main() -> None:
         # and one chained audit record (fingerprints) per request.
         ("+ risk+audit", "principal,risk,protocol,route,pii,audit", False),
     ]
+    if args.configs:
+        configs = _subset(ap, configs, args.configs)
     results: dict[str, dict[int, dict[str, float]]] = {}
     ttft: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmpdir:
