@@ -305,7 +305,7 @@ def _weights(
 def augmented(rows: Sequence[Row], r: Recipe) -> list[Row]:
     """The training rows (label-cleaned when the recipe asks), the extra rows when the recipe asks
     for them, and every augmentation the recipe asks for (drawn only from `rows`)."""
-    rows = clean.drop_noisy_attacks(rows, r.clean, r.seed) if r.clean else list(rows)
+    rows = clean.drop_noisy_attacks(rows, r.clean, r.seed)
     return [
         *rows,
         *(extra.shipped() if r.extra else ()),
