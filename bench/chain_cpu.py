@@ -147,14 +147,13 @@ async def _measure(  # noqa: PLR0917 - a benchmark helper, called in one place
             per_request.append((time.process_time() - t0) / requests * 1e6)
         return per_request
     finally:
-        await _drop_keys(env, prefix)
+        if "risk" in filters.split(","):
+            await _drop_keys(env, prefix)
         await env.close()
 
 
 async def _drop_keys(env: BuildEnv, prefix: str) -> None:
     """Delete this run's Redis keys (risk graphs of the bench user)."""
-    if not any("redis" in name for name in env.engines):
-        return
     import redis.asyncio as aioredis
 
     client = aioredis.from_url(env.settings.redis_url)
@@ -171,7 +170,6 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=5000, help="requests per round")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    setup_logging("info")
     results = []
     with tempfile.TemporaryDirectory() as tmpdir, open(os.devnull, "w") as null:
         for name, filters, messages in CONFIGS:
