@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import hashlib
 import json
+import math
 import os
 import statistics
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -254,6 +257,84 @@ class Augmented:
         return self.inner.score(texts)
 
 
+class Paired:
+    """`inner` with a second model fitted beside it on the same rows (the command line: the
+    character baseline, on the recipe's augmented rows as the student sees them).
+
+    Scores are `inner`'s, so the run's report is `inner`'s own; both models' score of every text
+    is appended to a file of `dump` (one per fitted pair), which `combine` reads back to measure
+    the second model and the two together on the very same folds.
+    """
+
+    def __init__(self, inner: Model, other: Model, dump: Path) -> None:
+        self.inner, self.other, self.dump = inner, other, dump
+        self.path: Path | None = None
+
+    def fit(self, rows: Sequence[Row]) -> None:
+        self.inner.fit(rows)
+        self.other.fit(rows)
+        self.dump.mkdir(parents=True, exist_ok=True)
+        self.path = self.dump / f"pair-{os.getpid()}-{time.time_ns()}.jsonl"
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        a, b = self.inner.score(texts), self.other.score(texts)
+        assert self.path is not None  # fitted first  # noqa: S101
+        with self.path.open("a", encoding="utf-8") as f:
+            f.writelines(
+                json.dumps({"h": _key(t), "a": x, "b": y}) + "\n" for t, x, y in zip(texts, a, b, strict=True)
+            )
+        return a
+
+
+def _key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-7), 1 - 1e-7)
+    return math.log(p / (1 - p))
+
+
+COMBINATIONS: dict[str, Callable[[float, float], float]] = {
+    "model": lambda a, _b: a,
+    "second": lambda _a, b: b,
+    "mean logit": lambda a, b: (_logit(a) + _logit(b)) / 2,  # chosen before any run, not tuned
+}
+
+
+class _Lookup:
+    """Scores read back from one pair's dump, combined by `how`."""
+
+    def __init__(self, table: dict[str, tuple[float, float]], how: Callable[[float, float], float]) -> None:
+        self.table, self.how = table, how
+
+    def fit(self, rows: Sequence[Row]) -> None:
+        pass
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        return [self.how(*self.table[_key(t)]) for t in texts]
+
+
+def combine(rows: Sequence[Row], groups: Sequence[set[str]], dump: Path) -> dict[str, list[FamilyResult]]:
+    """Each combination's held-out results over `groups`, from the dumps of a `--pair-tfidf` run."""
+    tables = []
+    for path in sorted(dump.glob("pair-*.jsonl")):
+        table: dict[str, tuple[float, float]] = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            d = json.loads(line)
+            table[d["h"]] = (d["a"], d["b"])
+        tables.append(table)
+    out: dict[str, list[FamilyResult]] = {name: [] for name in COMBINATIONS}
+    for group in groups:
+        keys = {_key(r.text) for r in rows if r.family in group}
+        found = [t for t in tables if keys <= t.keys()]
+        if not found:
+            raise SystemExit(f"--combine: no dump in {dump} scored the fold {sorted(group)}")
+        for name, how in COMBINATIONS.items():
+            out[name] += held_out_runs(rows, partial(_Lookup, found[0], how), [group])
+    return {name: sorted(res, key=lambda r: r.family) for name, res in out.items()}
+
+
 def _recipe(args: argparse.Namespace) -> Recipe:
     from classifiers.injection.train import Recipe
 
@@ -322,6 +403,29 @@ def _parallel(
     return sorted(out, key=lambda res: res.family)
 
 
+def _factory(args: argparse.Namespace, rows: Sequence[Row]) -> Callable[[], Model]:
+    """The model the command line names, wrapped as --augment and --pair-tfidf say."""
+    from classifiers.injection.baseline import TfidfBaseline
+
+    make: Callable[[], Model]
+    if args.model == "tfidf":
+        make = TfidfBaseline
+    elif args.model == "teacher":
+        from classifiers.injection.teacher import Embedder, Teacher
+
+        embedder = Embedder(args.work / "minilm-embeddings.npz")
+        make = lambda: Teacher(embedder)  # noqa: E731 - a factory
+    else:
+        make = _student_factory(args, rows)
+    if args.augment:
+        inner, recipe = make, _recipe(args)
+        make = lambda: Augmented(inner(), recipe)  # noqa: E731 - a factory
+    if args.pair_tfidf:
+        single, recipe, dump = make, _recipe(args), args.pair_tfidf
+        make = lambda: Paired(single(), Augmented(TfidfBaseline(), recipe), dump)  # noqa: E731 - a factory
+    return make
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tfidf", choices=["tfidf", "teacher", "student"])
@@ -348,24 +452,21 @@ def main() -> None:
     ap.add_argument(
         "--recipe", help="student, --augment: JSON of Recipe fields to change, e.g. '{\"distill\": 0}'"
     )
+    ap.add_argument(
+        "--pair-tfidf",
+        type=Path,
+        metavar="DIR",
+        help="fit the character baseline beside the model and write both scores to DIR (for --combine)",
+    )
+    ap.add_argument(
+        "--combine",
+        type=Path,
+        metavar="DIR",
+        help="with --folds: no training; report the model, the second model and both together from DIR",
+    )
     args = ap.parse_args()
-    from classifiers.injection.baseline import TfidfBaseline
-
     rows = load(DATASETS / "train.jsonl")
     t0 = time.perf_counter()
-    make: Callable[[], Model]
-    if args.model == "tfidf":
-        make = TfidfBaseline
-    elif args.model == "teacher":
-        from classifiers.injection.teacher import Embedder, Teacher
-
-        embedder = Embedder(args.work / "minilm-embeddings.npz")
-        make = lambda: Teacher(embedder)  # noqa: E731 - a factory
-    else:
-        make = _student_factory(args, rows)
-    if args.augment:
-        inner, recipe = make, _recipe(args)
-        make = lambda: Augmented(inner(), recipe)  # noqa: E731 - a factory
     if args.folds:
         groups = grouped_folds(rows, args.folds)
         print("folds: " + " | ".join(", ".join(sorted(g)) for g in groups) + "\n")
@@ -376,12 +477,17 @@ def main() -> None:
         if any(not 1 <= k <= len(groups) for k in picked):
             ap.error(f"--only-fold: folds are numbered 1 to {len(groups)}")
         chosen = [groups[k - 1] for k in picked] if picked else groups
+        if args.combine:
+            for name, res in combine(rows, chosen, args.combine).items():
+                print(f"== {name}\n{report(res)}\n")
+            return
+        make = _factory(args, rows)
         results = (
             _parallel(rows, make, chosen, args.jobs) if args.jobs > 1 else held_out_runs(rows, make, chosen)
         )
     else:
         fams = args.families.split(",") if args.families else None
-        results = leave_one_source_out(rows, make, families=fams)
+        results = leave_one_source_out(rows, _factory(args, rows), families=fams)
     print(report(results))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from classifiers.injection.data import Row, held_out_with
 from classifiers.injection.evaluate import (
+    COMBINATIONS,
     FamilyResult,
+    Paired,
     _parallel,
     by_language,
+    combine,
     grouped_folds,
     held_out_runs,
     leave_one_source_out,
@@ -102,3 +106,32 @@ def test_folds_in_parallel_processes_score_as_one_process_does() -> None:
     assert [(r.family, r.fpr, r.recall, r.threshold) for r in forked] == [
         (r.family, r.fpr, r.recall, r.threshold) for r in serial
     ]
+
+
+class Length:
+    """A second opinion: longer texts score higher."""
+
+    def fit(self, rows: Sequence[Row]) -> None:
+        pass
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        return [min(len(t) / 40, 0.99) for t in texts]
+
+
+def test_a_paired_run_reports_the_model_and_combine_reads_both_back_on_the_same_folds(tmp_path: Path) -> None:
+    groups = grouped_folds(ROWS, 3)
+    alone = held_out_runs(ROWS, Keyword, groups)
+    paired = held_out_runs(ROWS, lambda: Paired(Keyword(), Length(), tmp_path), groups)
+    assert [(r.family, r.fpr, r.recall) for r in paired] == [(r.family, r.fpr, r.recall) for r in alone]
+    assert len(list(tmp_path.glob("pair-*.jsonl"))) == len(groups)
+    combined = combine(ROWS, groups, tmp_path)
+    assert set(combined) == set(COMBINATIONS)
+    assert [(r.family, r.fpr, r.recall) for r in combined["model"]] == [
+        (r.family, r.fpr, r.recall) for r in alone
+    ]
+    second = held_out_runs(ROWS, Length, groups)
+    assert [(r.family, r.threshold) for r in combined["second"]] == [(r.family, r.threshold) for r in second]
+    both = {r.family: r for r in combined["mean logit"]}
+    assert both["XSafety"].recall == 1.0  # 'ignore' and long: both models agree
+    with pytest.raises(SystemExit, match="no dump"):
+        combine(ROWS, groups, tmp_path / "empty")
