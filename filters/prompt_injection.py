@@ -6,6 +6,10 @@ inputs…) is scored; the highest score decides. Above the threshold the policy'
 risk event); in `monitor` mode only the verdict is recorded. The score and the model's revision go
 into the request's verdicts for the audit.
 
+A text longer than the windows the model reads (`max_windows`) is refused (413 prompt_too_long)
+unless the policy says `too_long: score_edges`: then its first windows and its last are scored
+and the tokens between go unread, counted in the verdict.
+
 Fail mode: if the classifier errors or exceeds its time budget, `fail_mode.classifier` decides:
 `deny` (default, 503 classifier_unavailable) or `allow_with_flag` (let through, flagged).
 """
@@ -69,8 +73,17 @@ class InjectionParams(BaseModel):
         le=64,
         description="Windows read per text (the first ones and the last); default: the model's manifest (8 if it says nothing).",
     )
+    too_long: Literal["deny", "score_edges"] = Field(
+        default="deny",
+        description=(
+            "A text longer than max_windows can read: deny (413 prompt_too_long: nothing unread is "
+            "forwarded) or score_edges (scored on its first windows and its last; the middle goes "
+            "unread, and the verdict records how many tokens)."
+        ),
+    )
 
 
+_TOO_LONG = "the prompt is too long for the gateway's content screening"
 _UNAVAILABLE = Deny(
     503, ErrorCode.CLASSIFIER_UNAVAILABLE, "the content classifier is unavailable; try again later"
 )
@@ -98,8 +111,8 @@ class PromptInjection(BaseFilter):
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            scores = await asyncio.wait_for(
-                loop.run_in_executor(None, lambda: [self.model.score(t) for t in texts]),
+            found = await asyncio.wait_for(
+                loop.run_in_executor(None, lambda: [self.model.assess(t) for t in texts]),
                 self.params.timeout_s,
             )
         except Exception as exc:  # noqa: BLE001 - any failure of the classifier goes to its fail mode
@@ -108,18 +121,29 @@ class PromptInjection(BaseFilter):
             # wait_for returns a result that lands in the same loop turn as its deadline (a busy
             # loop sees both at once); the budget is the contract, so a late answer counts as none.
             return self._failed(ctx, "TimeoutError")
-        top = max(scores)
-        detail = f"score={top:.3f},model={self.model.revision}"
-        if top < self.threshold:
-            ctx.verdicts.append(Verdict(self.name, "score", "pass", 0.0, detail))
-            return CONTINUE
-        if self.params.mode == "monitor":
-            ctx.verdicts.append(Verdict(self.name, "score", f"monitor:{self.params.action}", 0.0, detail))
-            return CONTINUE
-        ctx.verdicts.append(Verdict(self.name, "score", self.params.action, 0.0, detail))
-        if self.params.action == "deny":
-            return Deny(self.params.status, ErrorCode.PROMPT_REJECTED, self.params.message)
+        top = max(a.score for a in found)
+        unread = sum(a.unread for a in found)
+        detail = f"score={top:.3f},model={self.model.revision}" + (
+            f",unread_tokens={unread}" if unread else ""
+        )
+        if top >= self.threshold:
+            return self._act(ctx, "score", self.params.action, detail)
+        if unread and self.params.too_long == "deny":
+            return self._act(ctx, "length", "deny", detail)
+        ctx.verdicts.append(Verdict(self.name, "score", "pass", 0.0, detail))
         return CONTINUE
+
+    def _act(self, ctx: RequestContext, phase: str, action: str, detail: str) -> Decision:
+        """`action` on this request, or only its record in monitor mode."""
+        if self.params.mode == "monitor":
+            ctx.verdicts.append(Verdict(self.name, phase, f"monitor:{action}", 0.0, detail))
+            return CONTINUE
+        ctx.verdicts.append(Verdict(self.name, phase, action, 0.0, detail))
+        if action != "deny":
+            return CONTINUE
+        if phase == "length":
+            return Deny(413, ErrorCode.PROMPT_TOO_LONG, _TOO_LONG)
+        return Deny(self.params.status, ErrorCode.PROMPT_REJECTED, self.params.message)
 
     def _failed(self, ctx: RequestContext, why: str) -> Decision:
         return fail_mode(ctx, self.name, "classifier", why, _UNAVAILABLE)

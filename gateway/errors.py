@@ -31,6 +31,7 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal_error"
     POLICY_DENIED = "policy_denied"
     PROMPT_REJECTED = "prompt_rejected"
+    PROMPT_TOO_LONG = "prompt_too_long"
     CLASSIFIER_UNAVAILABLE = "classifier_unavailable"
     AUDIT_UNAVAILABLE = "audit_unavailable"
     RISK_UNAVAILABLE = "risk_unavailable"

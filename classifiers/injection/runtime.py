@@ -69,6 +69,14 @@ class Manifest:
         return m
 
 
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """One text's verdict: its score, and how many of its tokens lay past the window cap, unread."""
+
+    score: float
+    unread: int
+
+
 def cut_windows(ids: Sequence[int], body: int, cap: int) -> list[list[int]]:
     """`ids` in the fewest chunks of at most `body` tokens, all of about one length (no stub of a
     few tokens at the end, read without context and padded to a full window in a batch); past
@@ -169,7 +177,9 @@ class InjectionModel:
         self._bos = self._special(("<s>", "[CLS]"))
         self._eos = self._special(("</s>", "[SEP]"))
         self._pad = self._special(("<pad>", "[PAD]")) or 0
-        self._cache: OrderedDict[str, float] = OrderedDict()
+        # Text tokens per window, the specials left out.
+        self._body = manifest.max_length - (self._bos is not None) - (self._eos is not None)
+        self._cache: OrderedDict[str, Assessment] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self.cache_hits = 0
@@ -192,11 +202,12 @@ class InjectionModel:
 
     def windows(self, text: str) -> list[list[int]]:
         """Token windows of the model's length: the first `max_windows - 1` and the last one."""
-        ids = self._ids(text)
-        body = self.manifest.max_length - (self._bos is not None) - (self._eos is not None)
+        return self._windows_of(self._ids(text))
+
+    def _windows_of(self, ids: list[int]) -> list[list[int]]:
         head = [self._bos] if self._bos is not None else []
         tail = [self._eos] if self._eos is not None else []
-        return [head + c + tail for c in cut_windows(ids, body, self.max_windows)]
+        return [head + c + tail for c in cut_windows(ids, self._body, self.max_windows)]
 
     def run_windows(self, windows: list[list[int]]) -> list[float]:
         """Score token windows in one session call."""
@@ -226,18 +237,24 @@ class InjectionModel:
 
     def score(self, text: str) -> float:
         """Probability that `text` is an injection or jailbreak (max over its windows)."""
+        return self.assess(text).score
+
+    def assess(self, text: str) -> Assessment:
+        """`score` and how many of the text's tokens no window read (past the window cap)."""
         key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 self.cache_hits += 1
                 return self._cache[key]
-        windows = self.windows(text)
+        ids = self._ids(text)
+        windows = self._windows_of(ids)
         # Four windows per session call: a 2,000-token prompt's sixteen windows took 14.7 ms p50
         # that way and 16.1 ms in one call here (interleaved; docs/injection.md).
         value = max(max(self.run_windows(windows[i : i + 4])) for i in range(0, len(windows), 4))
+        result = Assessment(value, max(0, len(ids) - self.max_windows * self._body))
         with self._lock:
-            self._cache[key] = value
+            self._cache[key] = result
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        return value
+        return result

@@ -2,7 +2,8 @@
 
 A jailbreak sent with the openai SDK gets the policy's deny in OpenAI's error shape; one sent to
 Triton with tritonclient is denied too, and Triton's own statistics prove it never ran; a benign
-prompt reaches llama.cpp and is answered; when the classifier cannot answer in its time budget,
+prompt reaches llama.cpp and is answered; a prompt longer than the classifier reads is refused;
+when the classifier cannot answer in its time budget,
 the request is denied (fail closed), never forwarded.
 """
 
@@ -83,6 +84,28 @@ def test_triton_never_runs_a_denied_prompt(real: GatewayEnv) -> None:
         == "echo v2: Summarise this email: lunch moved to noon."
     )
     assert _executions(real, "echo") == before + 1
+
+
+def test_a_prompt_longer_than_the_classifier_reads_is_refused_not_forwarded(
+    oa: openai.OpenAI, real: GatewayEnv
+) -> None:
+    # About 3,000 tokens of an ordinary report, longer than the 16 windows the shipped model reads.
+    report = "Quarterly revenue in the northern region grew by four percent, driven by new accounts. " * 200
+    with pytest.raises(openai.APIStatusError) as e:
+        oa.chat.completions.create(
+            model="tiny-llama", messages=[{"role": "user", "content": report}], max_tokens=8
+        )
+    assert e.value.status_code == 413
+    body = e.value.body
+    assert isinstance(body, dict) and body["code"] == "prompt_too_long" and body["type"]
+    tc = triton_http.InferenceServerClient(real.url.removeprefix("http://"))
+    inp = triton_http.InferInput("text_input", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([f"Summarise: {report}".encode()], dtype=np.object_), binary_data=True)
+    before = _executions(real, "echo")
+    with pytest.raises(InferenceServerException) as t:
+        tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"})
+    assert t.value.status() == "413" and "too long" in str(t.value)
+    assert _executions(real, "echo") == before
 
 
 @pytest.fixture(scope="module")
