@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from filters.base import Principal
-from filters.chain import BuildEnv, Chain, ChainConfigError, Recorder, build_with_params
+from filters.chain import BuildEnv, Chain, ChainConfigError, Recorder, available, build_with_params
 from gateway.config_yaml import ConfigError, Marks, Problem, at, validate
 from gateway.reload import Reloadable
 
@@ -430,5 +430,27 @@ def source_for(env: BuildEnv, recorder: Recorder | None = None) -> Reloadable[Co
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema editors use to validate policy files as people type."""
-    return PolicySpec.model_json_schema()
+    """The JSON Schema editors use to validate policy files as people type.
+
+    A chain entry is one of the registered filters, each with its own parameters (a misspelt
+    parameter or a wrong value is marked in the editor, as `ztgate policy check` refuses it).
+    """
+    schema = PolicySpec.model_json_schema()
+    defs: dict[str, Any] = schema["$defs"]
+    entry = defs["FilterEntry"]
+    variants = []
+    for name, params in available().items():
+        own = params.model_json_schema(ref_template="#/$defs/{model}")
+        defs.update(own.pop("$defs", {}))
+        variants.append(
+            {
+                "title": name,
+                "description": own.get("description", ""),
+                "type": "object",
+                "properties": {"filter": {"const": name}, **own.get("properties", {})},
+                "required": ["filter", *own.get("required", [])],
+                "additionalProperties": False,
+            }
+        )
+    defs["FilterEntry"] = {"title": entry["title"], "description": entry["description"], "oneOf": variants}
+    return schema

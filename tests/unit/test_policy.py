@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -50,6 +51,20 @@ def test_shipped_policy_tests_pass(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_committed_json_schema_is_current() -> None:
     assert json.loads((ROOT / "policies" / "policy.schema.json").read_text()) == policy.json_schema()
+
+
+def test_the_schema_checks_each_filter_s_own_parameters() -> None:
+    check = jsonschema.Draft202012Validator(policy.json_schema())
+    for path in SHIPPED:
+        assert not [e.message for e in check.iter_errors(yaml.safe_load(path.read_text()))], path.name
+    doc = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
+    entry = next(e for e in doc["chain"] if e["filter"] == "prompt_injection")
+    policy.compile_policy(yaml.safe_dump(doc), "p.yaml", ENV)
+    for change in ({"too_lng": "deny"}, {"too_long": "maybe"}, {"max_windows": 0}, {"filter": "no_such"}):
+        bad = {**doc, "chain": [{**e, **change} if e is entry else e for e in doc["chain"]]}
+        assert list(check.iter_errors(bad)), change
+        with pytest.raises(ConfigError):  # what the editor marks, the gateway refuses
+            policy.compile_policy(yaml.safe_dump(bad), "p.yaml", ENV)
 
 
 @pytest.mark.parametrize(
