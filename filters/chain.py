@@ -103,6 +103,15 @@ def available() -> dict[str, type[BaseModel]]:
     return {n: p for n, (_, p) in sorted(_FACTORIES.items())}
 
 
+def shipped_and(modules: Sequence[str]) -> dict[str, type[BaseModel]]:
+    """The shipped filters and those the named modules register, with their parameter models
+    (whatever else this process registered, e.g. a test's, left out)."""
+    wanted = {*_BUILTIN_MODULES, *modules}
+    for mod in sorted(wanted):
+        importlib.import_module(mod)
+    return {n: p for n, (f, p) in sorted(_FACTORIES.items()) if f.__module__ in wanted}
+
+
 class ChainConfigError(ValueError):
     """Filter entries that cannot be built: (index, parameter or None, what, hint) each."""
 

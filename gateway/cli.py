@@ -92,8 +92,15 @@ def _policy_check(args: argparse.Namespace) -> int:
 
 def _policy_schema(args: argparse.Namespace) -> int:
     from gateway import policy
+    from gateway.settings import Settings
 
-    print(json.dumps(policy.json_schema(), indent=2))
+    modules = Settings.from_env().filter_modules
+    try:
+        schema = policy.json_schema(modules)
+    except ImportError as exc:
+        print(f"ztgate policy schema: ZTGATE_FILTER_MODULES: cannot import {exc.name}", file=sys.stderr)
+        return 2
+    print(json.dumps(schema, indent=2))
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from filters.base import Principal
-from filters.chain import BuildEnv, Chain, ChainConfigError, Recorder, available, build_with_params
+from filters.chain import BuildEnv, Chain, ChainConfigError, Recorder, build_with_params, shipped_and
 from gateway.config_yaml import ConfigError, Marks, Problem, at, validate
 from gateway.reload import Reloadable
 
@@ -429,17 +430,18 @@ def source_for(env: BuildEnv, recorder: Recorder | None = None) -> Reloadable[Co
     return source
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema(filter_modules: Sequence[str] = ()) -> dict[str, Any]:
     """The JSON Schema editors use to validate policy files as people type.
 
     A chain entry is one of the registered filters, each with its own parameters (a misspelt
-    parameter or a wrong value is marked in the editor, as `ztgate policy check` refuses it).
+    parameter or a wrong value is marked in the editor, as `ztgate policy check` refuses it);
+    `filter_modules` (ZTGATE_FILTER_MODULES) register filters of one's own first.
     """
     schema = PolicySpec.model_json_schema()
     defs: dict[str, Any] = schema["$defs"]
     entry = defs["FilterEntry"]
     variants = []
-    for name, params in available().items():
+    for name, params in shipped_and(filter_modules).items():
         own = params.model_json_schema(ref_template="#/$defs/{model}")
         defs.update(own.pop("$defs", {}))
         variants.append(

@@ -65,6 +65,12 @@ def test_the_schema_checks_each_filter_s_own_parameters() -> None:
         assert list(check.iter_errors(bad)), change
         with pytest.raises(ConfigError):  # what the editor marks, the gateway refuses
             policy.compile_policy(yaml.safe_dump(bad), "p.yaml", ENV)
+    # A filter of one's own (ZTGATE_FILTER_MODULES) is in the schema `ztgate policy schema` prints.
+    own = {**doc, "chain": [*doc["chain"][:-1], {"filter": "read_answers"}, doc["chain"][-1]]}
+    assert list(check.iter_errors(own))
+    assert not list(
+        jsonschema.Draft202012Validator(policy.json_schema(["bench.answer_reader"])).iter_errors(own)
+    )
 
 
 @pytest.mark.parametrize(
