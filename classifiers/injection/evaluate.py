@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import hashlib
 import json
 import math
 import os
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from classifiers.injection.data import DATASETS, Row, held_out_with, load, split_calibration
+from classifiers.injection.runtime import text_key
 
 if TYPE_CHECKING:
     from classifiers.injection.train import Recipe
@@ -281,13 +281,10 @@ class Paired:
         assert self.path is not None  # fitted first  # noqa: S101
         with self.path.open("a", encoding="utf-8") as f:
             f.writelines(
-                json.dumps({"h": _key(t), "a": x, "b": y}) + "\n" for t, x, y in zip(texts, a, b, strict=True)
+                json.dumps({"h": text_key(t), "a": x, "b": y}) + "\n"
+                for t, x, y in zip(texts, a, b, strict=True)
             )
         return a
-
-
-def _key(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
 def _logit(p: float) -> float:
@@ -312,7 +309,7 @@ class _Lookup:
         pass
 
     def score(self, texts: Sequence[str]) -> list[float]:
-        return [self.how(*self.table[_key(t)]) for t in texts]
+        return [self.how(*self.table[text_key(t)]) for t in texts]
 
 
 def combine(rows: Sequence[Row], groups: Sequence[set[str]], dump: Path) -> dict[str, list[FamilyResult]]:
@@ -326,7 +323,7 @@ def combine(rows: Sequence[Row], groups: Sequence[set[str]], dump: Path) -> dict
         tables.append(table)
     out: dict[str, list[FamilyResult]] = {name: [] for name in COMBINATIONS}
     for group in groups:
-        keys = {_key(r.text) for r in rows if r.family in group}
+        keys = {text_key(r.text) for r in rows if r.family in group}
         found = [t for t in tables if keys <= t.keys()]
         if not found:
             raise SystemExit(f"--combine: no dump in {dump} scored the fold {sorted(group)}")
@@ -465,6 +462,8 @@ def main() -> None:
         help="with --folds: no training; report the model, the second model and both together from DIR",
     )
     args = ap.parse_args()
+    if args.combine and not args.folds:
+        ap.error("--combine reads back a --folds run: give the same --folds")
     rows = load(DATASETS / "train.jsonl")
     t0 = time.perf_counter()
     if args.folds:

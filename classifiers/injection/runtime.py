@@ -69,6 +69,11 @@ class Manifest:
         return m
 
 
+def text_key(text: str) -> str:
+    """A text's content hash (any str, lone surrogates included): the verdict cache's key."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class Assessment:
     """One text's verdict: its score, and how many of its tokens lay past the window cap, unread."""
@@ -241,7 +246,7 @@ class InjectionModel:
 
     def assess(self, text: str) -> Assessment:
         """`score` and how many of the text's tokens no window read (past the window cap)."""
-        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        key = text_key(text)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
