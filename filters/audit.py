@@ -137,6 +137,7 @@ class Audit(BaseFilter):
                 "outcome": ctx.outcome,
                 "status": ctx.status,
                 "code": ctx.error_code or None,
+                "upstream_error": ctx.upstream_error,
                 "policy": policy.revision if policy else None,
                 "verdicts": verdicts,
                 "fail_modes": fail_modes,

@@ -131,6 +131,9 @@ class RequestContext:
     route: Route | None = None
     response_status: int | None = None
     response_headers: dict[str, str] = field(default_factory=dict)
+    # Envoy's response code details when Envoy, not the model server, answered (upstream down,
+    # timed out, reset before its headers): the answer headers are then Envoy's local reply.
+    upstream_error: str | None = None
     answer: Answer | None = None
     verdicts: list[Verdict] = field(default_factory=list)
     # The policy this request captured at its start (gateway.policy.CompiledPolicy): one per request.
@@ -139,8 +142,9 @@ class RequestContext:
     redact_rules: tuple[str, ...] = ()
     # Per-filter private state for this request, keyed by filter name; gone with the request.
     state: dict[str, object] = field(default_factory=dict)
-    # Set by the server before SETTLE: allowed (forwarded), denied, responded (by the gateway) or
-    # aborted (the stream ended before the answer did); the status the client gets and, for a
+    # Set by the server before SETTLE: allowed (forwarded and answered), denied, responded (by
+    # the gateway), upstream_error (allowed, but Envoy answered: see upstream_error) or aborted
+    # (the stream ended before the answer did); the status the client gets and, for a
     # refusal, its user-safe code.
     outcome: str = "allowed"
     status: int = 0

@@ -42,6 +42,21 @@ def headers_to_dict(hm: Message) -> dict[str, str]:
     return out
 
 
+_ATTRIBUTES_OF = "envoy.filters.http.ext_proc"
+CODE_DETAILS = "response.code_details"
+VIA_UPSTREAM = "via_upstream"
+
+
+def code_details(req: Message) -> str | None:
+    """Envoy's `response.code_details` for a response_headers message (envoy/envoy.yaml asks for
+    it): "via_upstream" when the model server answered, else why Envoy answered itself."""
+    attrs = req.attributes.get(_ATTRIBUTES_OF)
+    if attrs is None or CODE_DETAILS not in attrs.fields:
+        return None
+    value = attrs.fields[CODE_DETAILS]
+    return value.string_value if value.WhichOneof("kind") == "string_value" else None
+
+
 def mode(request_body: int, response_headers: int, response_body: int = NONE) -> Message:
     """A full processing mode (headers always sent, trailers never)."""
     return _PM(

@@ -200,7 +200,7 @@ class ExtProcServer:
                 buffered=True,
             )
         if kind == "response_headers":
-            return await self._response_headers(req.response_headers, st, ctx, chain)
+            return await self._response_headers(req, st, ctx, chain)
         if kind == "response_body":
             d = await chain.response_chunk(ctx, req.response_body.body, req.response_body.end_of_stream)
             if d is CONTINUE:
@@ -272,8 +272,15 @@ class ExtProcServer:
         return self._after(st, d, wrap, spoofed)
 
     async def _response_headers(
-        self, msg: cv.Message, st: _Stream, ctx: RequestContext, chain: Chain
+        self, req: cv.Message, st: _Stream, ctx: RequestContext, chain: Chain
     ) -> cv.Message:
+        msg = req.response_headers
+        details = cv.code_details(req)
+        if details is not None and details != cv.VIA_UPSTREAM:
+            # The policy let it through, but the model server never answered: Envoy did.
+            ctx.upstream_error = details
+            if st.outcome == "allowed":
+                st.outcome = "upstream_error"
         headers = cv.headers_to_dict(msg.headers)
         try:
             ctx.response_status = int(headers.get(":status", "0"))
@@ -337,6 +344,7 @@ class ExtProcServer:
             path=ctx.path,
             status=status,
             outcome=st.outcome,
+            upstream_error=ctx.upstream_error,
             user=ctx.principal.user if ctx.principal else None,
             tenant=ctx.principal.tenant if ctx.principal else None,
             model=f"{route.model}@{route.version}" if route else None,

@@ -88,13 +88,13 @@ def chat_up() -> Iterator[ScriptedUpstream]:
 
 
 def _registry(port: int) -> dict[str, Any]:
-    return registry_for(
-        {"v": ("openai", port)},
-        {
-            m: {"latest": "1", "versions": {"1": {"upstream": "v", "hash": "abc123"}}}
-            for m in ("open", "risky", "secret", "research")
-        },
-    )
+    models = {
+        m: {"latest": "1", "versions": {"1": {"upstream": "v", "hash": "abc123"}}}
+        for m in ("open", "risky", "secret", "research")
+    }
+    # A model whose server is down: nothing listens on its port.
+    models["down"] = {"latest": "1", "versions": {"1": {"upstream": "gone", "hash": "def456"}}}
+    return registry_for({"v": ("openai", port), "gone": ("openai", free_port())}, models)
 
 
 def _gateway(tmp: Path, port: int, *, mode: str = "fingerprint", redis_mode: str = "deny", **env: str) -> Any:
@@ -151,6 +151,7 @@ def test_five_tuple_for_whole_and_streamed_answers_without_text(
         assert rec["model"] == {"ref": "open@1", "hash": "abc123", "upstream": "up_v"}
         assert rec["principal"] == {"tenant": "acme", "user": "alice", "key_id": "k1"}
         assert rec["decision"]["outcome"] == "allowed" and rec["decision"]["status"] == 200
+        assert rec["decision"]["upstream_error"] is None
         assert len(rec["decision"]["policy"]) == 12
         srec = env.audit_for(stream.headers["x-request-id"])
         assert srec["response"]["fingerprint"] == audit.fingerprint(key, "streamed answer")
@@ -197,6 +198,30 @@ def test_refusals_and_bad_input_are_audited_too(tmp_path: Path, chat_up: Scripte
         refused = d[denied.headers["x-request-id"]]
         assert (refused["decision"]["outcome"], refused["decision"]["code"]) == ("denied", "policy_denied")
         assert refused["prompt"]["text"] == "what is the rate today?"  # raw mode keeps the text
+
+
+def test_an_answer_envoy_gave_for_a_down_model_server_is_not_recorded_as_allowed(
+    tmp_path: Path, chat_up: ScriptedUpstream
+) -> None:
+    with _gateway(tmp_path, chat_up.port) as env:
+        before = len(chat_up.requests)
+        r = _chat(env, "down")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "upstream_unavailable", r.text
+        assert len(chat_up.requests) == before
+        rid = r.headers["x-request-id"]
+        rec = env.audit_for(rid)
+        assert rec["model"]["ref"] == "down@1"
+        d = rec["decision"]
+        assert (d["outcome"], d["status"], d["code"]) == ("upstream_error", 503, None)
+        assert "connection_failure" in d["upstream_error"], d
+        # The request's log line and the outcome metric say the same.
+        until = time.monotonic() + 10
+        while 'ztgate_requests_total{outcome="upstream_error"} 1.0' not in (m := _metrics(env)):
+            assert time.monotonic() < until, m
+            time.sleep(0.2)
+        lines = [json.loads(ln) for ln in env.logs(0).splitlines() if f'"request_id": "{rid}"' in ln]
+        logged = [ln for ln in lines if ln["event"] == "request"]
+        assert [(ln["outcome"], ln["upstream_error"]) for ln in logged] == [("upstream_error", d["upstream_error"])]
 
 
 def test_flags_put_a_user_under_review_across_workers_until_cleared(

@@ -257,3 +257,25 @@ def test_header_conversion_lowercases_and_joins_repeats() -> None:
     assert headers_to_dict(hm([(":path", b"/x"), ("a", b"1")])) == {":path": "/x", "a": "1"}
     assert headers_to_dict(hm([("X-1", b"1"), ("a", b"2"), ("a", b"3")])) == {"x-1": "1", "a": "2, 3"}
     assert headers_to_dict(hm([("x-ztgate-upstream", b"\xff")])) == {"x-ztgate-upstream": "\ufffd"}
+
+
+def test_code_details_read_from_envoys_attributes() -> None:
+    from google.protobuf import struct_pb2
+
+    from gateway.extproc import convert as cv
+
+    def req(**fields: object) -> object:
+        s = struct_pb2.Struct()
+        s.update(fields)
+        return cv.ProcessingRequest(attributes={"envoy.filters.http.ext_proc": s})
+
+    assert cv.code_details(req(**{"response.code_details": "via_upstream"})) == cv.VIA_UPSTREAM
+    assert cv.code_details(req(**{"response.code_details": "no_healthy_upstream"})) == "no_healthy_upstream"
+    # Not asked for, or not a string: unknown, so the outcome stays what the chain decided.
+    assert cv.code_details(cv.ProcessingRequest()) is None
+    assert cv.code_details(req(**{"response.code_details": 3})) is None
+    assert cv.code_details(req(other="x")) is None
+    # The bootstrap asks Envoy for it with every answer's headers.
+    ext = envoy_config.render(Settings(worker_ports=(1,)), Registry.from_yaml(REG))
+    hcm = ext["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert hcm["http_filters"][0]["typed_config"]["response_attributes"] == [cv.CODE_DETAILS]
