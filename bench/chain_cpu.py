@@ -8,7 +8,13 @@ the process's CPU time per request: protobuf parse and serialize, the server, th
 filters, metrics and the request's JSON log line (written to /dev/null). What is left of the
 worker CPU in `bench.latency` is gRPC's.
 
-    .venv/bin/python -m bench.chain_cpu [--requests 5000] [--rounds 3]
+    .venv/bin/python -m bench.chain_cpu [--requests 5000] [--rounds 3] [--evict MB]
+
+In a tight loop every request finds the code and data of the one before in the CPU's caches.
+Behind Envoy at concurrency 1 it does not: Envoy, the load generator and the other workers run
+between two requests of a worker. `--evict MB` touches every cache line of a buffer that size
+before each request (not counted), so the figures show what a request costs when it starts with
+cold caches.
 
 The set-ups are bench.latency's (`+ risk+audit` needs Redis on ZTGATE_REDIS_URL, default
 127.0.0.1:6379; its keys use a prefix of this run's own and are deleted at the end).
@@ -101,8 +107,26 @@ async def _one(server: ExtProcServer, wire: list[bytes]) -> int:
     return answers
 
 
+async def _timed(server: ExtProcServer, wire: list[bytes], requests: int, evict: bytearray) -> float:
+    """CPU seconds of `requests` requests; with `evict`, read through it before each (not counted)."""
+    if not evict:
+        t0 = time.process_time()
+        for _ in range(requests):
+            await _one(server, wire)
+        await server.drain()
+        return time.process_time() - t0
+    spent = 0.0
+    for _ in range(requests):
+        evict[::64]  # touches every cache line of the buffer
+        t0 = time.process_time()
+        await _one(server, wire)
+        spent += time.process_time() - t0
+    await server.drain()
+    return spent
+
+
 async def _measure(  # noqa: PLR0917 - a benchmark helper, called in one place
-    tmp: Path, name: str, filters: str, messages: int, requests: int, rounds: int
+    tmp: Path, name: str, filters: str, messages: int, requests: int, rounds: int, evict: bytearray
 ) -> list[float]:
     d = tmp / name.replace(" ", "-").replace("+", "p")
     d.mkdir()
@@ -138,14 +162,7 @@ async def _measure(  # noqa: PLR0917 - a benchmark helper, called in one place
         for _ in range(300):  # warm-up: caches, first-use imports, Redis connections
             if await _one(server, wire) != messages:
                 raise RuntimeError(f"{name}: the chain refused the benchmark request")
-        per_request: list[float] = []
-        for _ in range(rounds):
-            t0 = time.process_time()
-            for _ in range(requests):
-                await _one(server, wire)
-            await server.drain()
-            per_request.append((time.process_time() - t0) / requests * 1e6)
-        return per_request
+        return [await _timed(server, wire, requests, evict) / requests * 1e6 for _ in range(rounds)]
     finally:
         if "risk" in filters.split(","):
             await _drop_keys(env, prefix)
@@ -169,7 +186,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=5000, help="requests per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--evict", type=int, default=0, metavar="MB", help="touch MB of memory before each request"
+    )
     args = ap.parse_args()
+    evict = bytearray(args.evict * 1024 * 1024)
     results = []
     with tempfile.TemporaryDirectory() as tmpdir, open(os.devnull, "w") as null:
         for name, filters, messages in CONFIGS:
@@ -177,12 +198,14 @@ def main() -> None:
             with contextlib.redirect_stderr(null):
                 setup_logging("info")
                 rounds = uvloop.run(
-                    _measure(Path(tmpdir), name, filters, messages, args.requests, args.rounds)
+                    _measure(Path(tmpdir), name, filters, messages, args.requests, args.rounds, evict)
                 )
             results.append((name, messages, rounds))
     print(
         f"\nztgate in-process CPU per request (no gRPC), {args.requests} requests x {args.rounds} rounds, "
-        f"Python {sys.version.split()[0]}, {os.cpu_count()} cores\n"
+        f"Python {sys.version.split()[0]}, {os.cpu_count()} cores"
+        + (f", {args.evict} MB read through the caches before each request" if args.evict else "")
+        + "\n"
     )
     print(f"{'config':<14} {'messages':>8} {'µs per request (each round)':>30}")
     for name, phases, rounds in results:

@@ -221,7 +221,9 @@ def test_an_answer_envoy_gave_for_a_down_model_server_is_not_recorded_as_allowed
             time.sleep(0.2)
         lines = [json.loads(ln) for ln in env.logs(0).splitlines() if f'"request_id": "{rid}"' in ln]
         logged = [ln for ln in lines if ln["event"] == "request"]
-        assert [(ln["outcome"], ln["upstream_error"]) for ln in logged] == [("upstream_error", d["upstream_error"])]
+        assert [(ln["outcome"], ln["upstream_error"]) for ln in logged] == [
+            ("upstream_error", d["upstream_error"])
+        ]
 
 
 def test_flags_put_a_user_under_review_across_workers_until_cleared(
