@@ -263,10 +263,17 @@ class ExtProcServer:
             cv.SEND if chain.phases & (Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY) else cv.SKIP
         )
 
+        # Answer bodies the chain reads are BUFFERED from here on, not only once the answer's
+        # headers are back from the chain (which may make them STREAMED): body data arriving
+        # while those headers are with ext_proc is then buffered without flow-control
+        # watermarks, so an answer over the buffer limit is refused at once instead of
+        # stalling the client (the request side's envoy#39345, on the way back).
+        answer_body = cv.BUFFERED if chain.phases & Phase.RESPONSE_BODY else cv.NONE
+
         def wrap(c: cv.Message) -> cv.Message:
             return cv.ProcessingResponse(
                 request_headers=cv.HeadersResponse(response=c),
-                mode_override=cv.mode(st.request_body_mode, st.response_headers_mode),
+                mode_override=cv.mode(st.request_body_mode, st.response_headers_mode, answer_body),
             )
 
         return self._after(st, d, wrap, spoofed)
