@@ -74,8 +74,9 @@ class ProtocolParser(BaseFilter):
     # chain, Envoy is not asked for the answer at all (two ext_proc messages fewer per request).
     on_behalf: ClassVar[Phase] = Phase.RESPONSE_BODY
 
-    def __init__(self, max_body_bytes: int) -> None:
+    def __init__(self, max_body_bytes: int, max_answer_bytes: int) -> None:
         self._max_body = max_body_bytes
+        self._max_answer = max_answer_bytes  # Envoy's buffer: a larger buffered answer cannot be checked
 
     def _deny(self, exc: ProtocolError) -> Deny:
         return Deny(exc.status, exc.code, exc.message)
@@ -145,8 +146,14 @@ class ProtocolParser(BaseFilter):
         ctx.answer = Answer()
         if ctype.startswith("text/event-stream"):
             st.sse = SSEParser()
-        else:
-            st.buffered = bytearray()
+            return CONTINUE
+        length = ctx.response_headers.get("content-length", "0")
+        if not length.isdigit() or int(length) > self._max_answer:
+            # Refused before a byte of it is read: it would not fit the buffer it is checked in.
+            return Deny(
+                502, ErrorCode.ANSWER_TOO_LARGE, f"the model server's answer exceeds {self._max_answer} bytes"
+            )
+        st.buffered = bytearray()
         return CONTINUE
 
     async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
@@ -191,4 +198,4 @@ class ProtocolParams(BaseModel):
 @register("protocol", ProtocolParams)
 def _build(env: BuildEnv, params: ProtocolParams) -> ProtocolParser:
     bound = env.settings.max_request_body_bytes
-    return ProtocolParser(min(params.max_body_bytes or bound, bound))
+    return ProtocolParser(min(params.max_body_bytes or bound, bound), env.settings.buffer_limit_bytes)

@@ -67,23 +67,33 @@ def _cluster(
     return c
 
 
-# Envoy-generated statuses → (user-safe code, message). Anything else ≥ 400: gateway_error.
-_LOCAL_REPLIES: tuple[tuple[int | None, str, str], ...] = (
-    (413, "body_too_large", "the request body is too large"),
-    (503, "upstream_unavailable", "the model server is unavailable"),
-    (504, "gateway_timeout", "the gateway timed out"),
-    (None, "gateway_error", "the gateway could not complete the request"),
+# Envoy-generated replies, matched by status or by Envoy's response code details, → (the status
+# the client gets, user-safe code, message). Anything else ≥ 400: gateway_error.
+_LOCAL_REPLIES: tuple[tuple[int | None, str | None, int | None, str, str], ...] = (
+    # A whole answer that outgrew the buffer it is checked in: the model server's fault, as when
+    # the chain refuses one whose content-length says so (filters/protocol.py).
+    (
+        None,
+        "response_payload_too_large",
+        502,
+        "answer_too_large",
+        "the model server's answer is too large to check",
+    ),
+    (413, None, None, "body_too_large", "the request body is too large"),
+    (503, None, None, "upstream_unavailable", "the model server is unavailable"),
+    (504, None, None, "gateway_timeout", "the gateway timed out"),
+    (None, None, None, "gateway_error", "the gateway could not complete the request"),
 )
 
 
 def _local_reply_mappers() -> list[dict[str, Any]]:
     mappers: list[dict[str, Any]] = []
-    for status, code, message in _LOCAL_REPLIES:
+    for status, details, new_status, code, message in _LOCAL_REPLIES:
         for kserve in (True, False):
-            cond = [
-                "!response.code_details.startsWith('ztgate_')",
-                f"response.code == {status}" if status else "response.code >= 400",
-            ]
+            cond = ["!response.code_details.startsWith('ztgate_')"]
+            if details:
+                cond.append(f"response.code_details == '{details}'")
+            cond.append(f"response.code == {status}" if status else "response.code >= 400")
             if kserve:
                 cond.append("request.path.startsWith('/v2')")
                 body: dict[str, Any] = {"error": f"{message} (request id %REQ(X-REQUEST-ID)%)", "code": code}
@@ -109,6 +119,7 @@ def _local_reply_mappers() -> list[dict[str, Any]]:
                         }
                     },
                     "body_format_override": {"json_format": body},
+                    **({"status_code": new_status} if new_status else {}),
                 }
             )
     return mappers

@@ -25,6 +25,7 @@ class ErrorCode(StrEnum):
     FORBIDDEN_PATH = "forbidden_path"
     MODEL_NOT_FOUND = "model_not_found"
     UPSTREAM_BAD_RESPONSE = "upstream_bad_response"
+    ANSWER_TOO_LARGE = "answer_too_large"
     GATEWAY_TIMEOUT = "gateway_timeout"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     GATEWAY_ERROR = "gateway_error"
