@@ -26,6 +26,35 @@ MODEL = "model"
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
+# Request fields (vLLM's extensions to the OpenAI API) that put client text into what the model
+# reads in ways the checks cannot follow: a chat template the server renders, its arguments,
+# documents a template pastes in. They are refused, not forwarded unchecked.
+_UNCHECKABLE = ("chat_template", "chat_template_kwargs", "documents")
+# JSON-schema keywords whose string values are schema, not text the model is asked to heed.
+_SCHEMA_WORDS = frozenset({"type", "format", "$schema", "$ref", "$id"})
+# Keywords whose object's keys are names (of properties, definitions), not keywords.
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
+def _schema_text(node: Any, out: list[str], depth: int = 0) -> None:
+    """Every string a model reads in a tool's JSON schema: descriptions, titles, enum values,
+    defaults, examples, patterns and property names (schema keywords' own values left out)."""
+    if depth > 64:
+        raise bad("a tool's parameters are nested too deeply")
+    if isinstance(node, str):
+        out.append(node)
+    elif isinstance(node, list):
+        for item in node:
+            _schema_text(item, out, depth + 1)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key in _NAMED and isinstance(value, dict):
+                out.extend(value)
+                for sub in value.values():
+                    _schema_text(sub, out, depth + 1)
+            elif key not in _SCHEMA_WORDS:
+                _schema_text(value, out, depth + 1)
+
 
 def operation_for(method: str, path: str) -> str:
     """The operation a method and path name, or a ProtocolError for anything else."""
@@ -101,17 +130,23 @@ def _chat_segments(doc: dict[str, Any]) -> list[Segment]:
             desc = fn.get("description", "") if isinstance(fn, dict) else None
             if not isinstance(desc, str):
                 raise bad(f"tools[{j}].function.description must be a string")
-            if desc:
-                segments.append(Segment("tool_spec", check_text(desc, "tool description")))
+            texts = [desc] if desc else []
+            _schema_text(fn.get("parameters") if isinstance(fn, dict) else None, texts)
+            if texts:
+                segments.append(Segment("tool_spec", check_text("\n".join(texts), "tool description")))
     return segments
 
 
 def _completion_segments(doc: dict[str, Any]) -> list[Segment]:
     prompt = doc.get("prompt")
+    suffix = doc.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise bad("'suffix' must be a string")
+    tail = [Segment("user", check_text(suffix, "suffix"))] if suffix else []
     if isinstance(prompt, str):
-        return [Segment("user", check_text(prompt, "prompt"))]
+        return [Segment("user", check_text(prompt, "prompt")), *tail]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return [Segment("user", check_text(p, "prompt")) for p in prompt]
+        return [*(Segment("user", check_text(p, "prompt")) for p in prompt), *tail]
     # Token-id prompts cannot be read by the checks that follow: refuse them.
     raise bad("'prompt' must be a string or a non-empty array of strings")
 
@@ -130,6 +165,9 @@ def parse_request(op: str, body: bytes) -> Prompt:
     so = doc.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise bad("'stream_options' must be an object")
+    for name in _UNCHECKABLE:
+        if name in doc:
+            raise bad(f"'{name}' is not accepted by the gateway", ErrorCode.UNSUPPORTED_CONTENT)
     segments = _chat_segments(doc) if op == CHAT else _completion_segments(doc)
     return Prompt(Protocol.OPENAI, op, model, bool(stream), tuple(segments), doc)
 

@@ -64,6 +64,31 @@ def test_a_jailbreak_gets_the_openai_error_and_a_benign_prompt_passes(oa: openai
     assert ok.choices[0].finish_reason in {"stop", "length"}
 
 
+def test_a_jailbreak_hidden_in_a_tool_schema_is_refused(oa: openai.OpenAI) -> None:
+    # The model reads a tool's JSON schema as part of its prompt; so does the classifier.
+    # (This is alice's fourth injection denial in this session's gateway; five put her under review.)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Looks up an order.",
+            "parameters": {
+                "type": "object",
+                "properties": {"order": {"type": "string", "description": JAILBREAK}},
+            },
+        },
+    }
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "Where is my order 1234?"}],
+            tools=[tool],  # type: ignore[list-item]
+            max_tokens=8,
+        )
+    body = e.value.body
+    assert isinstance(body, dict) and body["code"] == "prompt_rejected"
+
+
 def test_triton_never_runs_a_denied_prompt(real: GatewayEnv) -> None:
     tc = triton_http.InferenceServerClient(real.url.removeprefix("http://"))
 
