@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from filters._protocols import (
@@ -30,6 +31,9 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 # reads in ways the checks cannot follow: a chat template the server renders, its arguments,
 # documents a template pastes in. They are refused, not forwarded unchecked.
 _UNCHECKABLE = ("chat_template", "chat_template_kwargs", "documents")
+# A message's `name` (some chat templates render it): an identifier, as OpenAI's API requires,
+# so that it cannot carry text the checks do not read.
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # JSON-schema keywords whose string values are schema, not text the model is asked to heed.
 _SCHEMA_WORDS = frozenset({"type", "format", "$schema", "$ref", "$id"})
 # Keywords whose object's keys are names (of properties, definitions), not keywords.
@@ -108,6 +112,9 @@ def _chat_segments(doc: dict[str, Any]) -> list[Segment]:
         role = msg.get("role")
         if not isinstance(role, str) or role not in _ROLES:
             raise bad(f"messages[{i}].role must be one of {sorted(_ROLES)}")
+        name = msg.get("name")
+        if name is not None and not (isinstance(name, str) and _NAME.fullmatch(name)):
+            raise bad(f"messages[{i}].name must be 1-64 letters, digits, '_' or '-'")
         text = _text_of_content(msg.get("content"), f"messages[{i}].content")
         if text:
             segments.append(Segment(role, text))
