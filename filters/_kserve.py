@@ -228,9 +228,16 @@ def _generate_fields(doc: Any, answer: Answer, index: int) -> None:
         if key in ("model_name", "model_version", "id", "parameters"):
             continue
         if isinstance(value, str):
-            answer.add(index, value)
+            answer.add(index, value, key)
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            answer.add(index, "".join(value))
+            answer.add(index, "".join(value), key)
+        elif isinstance(value, dict) or (
+            isinstance(value, list) and any(isinstance(v, dict | list) for v in value)
+        ):
+            # Outputs are scalars or flat arrays; text nested deeper would escape the checks.
+            raise ProtocolError(
+                502, ErrorCode.UPSTREAM_BAD_RESPONSE, f"upstream answer: {key!r} is nested too deeply"
+            )
 
 
 def answer_from_body(op: str, body: bytes, header_length: str | None, answer: Answer) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 from filters._protocols import (
     Answer,
@@ -31,9 +31,21 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 # reads in ways the checks cannot follow: a chat template the server renders, its arguments,
 # documents a template pastes in. They are refused, not forwarded unchecked.
 _UNCHECKABLE = ("chat_template", "chat_template_kwargs", "documents")
-# A message's `name` (some chat templates render it): an identifier, as OpenAI's API requires,
-# so that it cannot carry text the checks do not read.
+# A message's `name` and a tool call's function name and id (chat templates render them):
+# identifiers, as OpenAI's API has them, so that they cannot carry text the checks do not read.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_CALL_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_RULE_TEXT = {
+    _NAME: "1-64 letters, digits, '_' or '-'",
+    _CALL_ID: "1-128 letters, digits, '_', '-', '.' or ':'",
+}
+
+
+def _identifier(value: Any, where: str, rule: re.Pattern[str]) -> None:
+    if value is not None and not (isinstance(value, str) and rule.fullmatch(value)):
+        raise bad(f"{where} must be {_RULE_TEXT[rule]}")
+
+
 # JSON-schema keywords whose string values are schema, not text the model is asked to heed.
 _SCHEMA_WORDS = frozenset({"type", "format", "$schema", "$ref", "$id"})
 # Keywords whose object's keys are names (of properties, definitions), not keywords.
@@ -112,22 +124,25 @@ def _chat_segments(doc: dict[str, Any]) -> list[Segment]:
         role = msg.get("role")
         if not isinstance(role, str) or role not in _ROLES:
             raise bad(f"messages[{i}].role must be one of {sorted(_ROLES)}")
-        name = msg.get("name")
-        if name is not None and not (isinstance(name, str) and _NAME.fullmatch(name)):
-            raise bad(f"messages[{i}].name must be 1-64 letters, digits, '_' or '-'")
+        _identifier(msg.get("name"), f"messages[{i}].name", _NAME)
         text = _text_of_content(msg.get("content"), f"messages[{i}].content")
         if text:
             segments.append(Segment(role, text))
+        _identifier(msg.get("tool_call_id"), f"messages[{i}].tool_call_id", _CALL_ID)
         calls = msg.get("tool_calls")
-        if calls is not None:
-            if not isinstance(calls, list):
-                raise bad(f"messages[{i}].tool_calls must be an array")
-            for j, call in enumerate(calls):
-                fn = call.get("function") if isinstance(call, dict) else None
-                args = fn.get("arguments") if isinstance(fn, dict) else None
-                if not isinstance(args, str):
-                    raise bad(f"messages[{i}].tool_calls[{j}].function.arguments must be a string")
-                segments.append(Segment(role, check_text(args, "tool call arguments")))
+        if calls is not None and not isinstance(calls, list):
+            raise bad(f"messages[{i}].tool_calls must be an array")
+        fns = [(f"messages[{i}].function_call", msg["function_call"])] if "function_call" in msg else []
+        for j, call in enumerate(calls or ()):
+            if not isinstance(call, dict):
+                raise bad(f"messages[{i}].tool_calls[{j}] must be an object")
+            _identifier(call.get("id"), f"messages[{i}].tool_calls[{j}].id", _CALL_ID)
+            fns.append((f"messages[{i}].tool_calls[{j}].function", call.get("function")))
+        for where, fn in fns:
+            if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+                raise bad(f"{where}.arguments must be a string")
+            _identifier(fn.get("name"), f"{where}.name", _NAME)
+            segments.append(Segment(role, check_text(fn["arguments"], "tool call arguments")))
     tools = doc.get("tools")
     if tools is not None:
         if not isinstance(tools, list):
@@ -193,6 +208,32 @@ def _index(choice: dict[str, Any], fallback: int) -> int:
     return idx if isinstance(idx, int) and idx >= 0 else fallback
 
 
+def _check_text_fields(part: Any, where: str) -> None:
+    """Every answer field a client reads as text must be text: anything else could carry text
+    the checks after this do not see, so the answer is refused rather than forwarded."""
+    if part is None:
+        return
+    if not isinstance(part, dict):
+        raise _bad_answer(f"{where} is not an object")
+    for f in _MESSAGE_FIELDS:
+        if part.get(f) is not None and not isinstance(part[f], str):
+            raise _bad_answer(f"{where}.{f} is not a string")
+    calls = part.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+        raise _bad_answer(f"{where}.tool_calls is not an array of objects")
+    for fn in [c.get("function") for c in calls or ()] + [part.get("function_call")]:
+        if fn is None:
+            continue
+        if not isinstance(fn, dict) or not all(
+            fn.get(k) is None or isinstance(fn[k], str) for k in ("name", "arguments")
+        ):
+            raise _bad_answer(f"{where} has a malformed tool call")
+
+
+def _bad_answer(what: str) -> ProtocolError:
+    return ProtocolError(502, ErrorCode.UPSTREAM_BAD_RESPONSE, f"upstream answer: {what}")
+
+
 def _take(op: str, doc: Any, message_key: str, answer: Answer) -> None:
     """Add one answer document's choices (`message` when whole, `delta` when streamed) and usage."""
     if isinstance(doc, dict) and "error" in doc:
@@ -201,14 +242,15 @@ def _take(op: str, doc: Any, message_key: str, answer: Answer) -> None:
     for n, choice in enumerate(_choices(doc)):
         idx = _index(choice, n)
         if op == CHAT:
-            part = choice.get(message_key) or {}
-            content = part.get("content") if isinstance(part, dict) else None
-            if isinstance(content, str):
-                answer.add(idx, content)
-        elif isinstance(choice.get("text"), str):
-            answer.add(idx, choice["text"])
+            _check_text_fields(choice.get(message_key), f"choices[{n}].{message_key}")
+        elif choice.get("text") is not None and not isinstance(choice["text"], str):
+            raise _bad_answer(f"choices[{n}].text is not a string")
         if isinstance(choice.get("finish_reason"), str):
             answer.finish[idx] = choice["finish_reason"]
+    # The answer's text is exactly what the PII filter rewrites: one list of places for both.
+    for slot in answer_slots(op, doc, message_key):
+        idx, part = cast(tuple[int, str], slot.key)  # answer_slots' keys are (choice, field)
+        answer.add(idx, slot.get(), part)
     if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
         answer.usage = doc["usage"]
 
@@ -237,15 +279,17 @@ def answer_from_sse(op: str, parser: SSEParser, chunk: bytes, end: bool, answer:
             answer.chunk_events.append(StreamEvent(ev.event, doc))
 
 
-# Answer text fields of a chat message or delta. Reasoning is answer text too: it reaches the client.
-_MESSAGE_FIELDS = ("content", "reasoning_content")
+# Text fields of a chat answer's message or delta: all of it reaches the client. Reasoning is
+# answer text too (`reasoning` is newer vLLM's name for `reasoning_content`).
+_MESSAGE_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
 
 
 def request_slots(op: str, doc: dict[str, Any]) -> list[Slot]:
     """The prompt texts of a validated chat/completion request, for rewriting in place.
 
-    Message contents and text parts; tool-call arguments and tool descriptions are JSON or
-    code written by the application, not rewritten.
+    Message contents and text parts, the arguments of earlier tool calls, a completion's prompt
+    and suffix. Tool definitions are the application's schema and are not rewritten: the PII
+    filter refuses a prompt whose personal data sits only where it cannot redact.
     """
     out: list[Slot] = []
     if op == CHAT:
@@ -255,10 +299,14 @@ def request_slots(op: str, doc: dict[str, Any]) -> list[Slot]:
                 out.append(Slot(i, msg, "content"))
             elif isinstance(content, list):
                 out += [Slot(i, part, "text") for part in content]
-    elif isinstance(doc["prompt"], str):
+            out += _call_slots(i, msg)
+        return out
+    if isinstance(doc["prompt"], str):
         out.append(Slot(0, doc, "prompt"))
     else:
         out += [Slot(i, doc["prompt"], i) for i in range(len(doc["prompt"]))]
+    if isinstance(doc.get("suffix"), str):
+        out.append(Slot("suffix", doc, "suffix"))
     return out
 
 
@@ -277,6 +325,7 @@ def answer_slots(op: str, doc: Any, message_key: str) -> list[Slot]:
             part = choice.get(message_key)
             if isinstance(part, dict):
                 out += [Slot((idx, f), part, f) for f in _MESSAGE_FIELDS if isinstance(part.get(f), str)]
+                out += _call_slots(idx, part)
         elif isinstance(choice.get("text"), str):
             out.append(Slot((idx, "text"), choice, "text"))
     return out
@@ -294,6 +343,48 @@ def finished_choices(doc: Any) -> list[int]:
     ]
 
 
+def _call_slots(idx: int, part: dict[str, Any]) -> list[Slot]:
+    """The arguments of a message's or delta's tool calls (and of a legacy `function_call`):
+    the model wrote them and the client's application acts on them, so they are answer text.
+    Keyed by the call's `index` (streams) or its position (whole answers)."""
+    out: list[Slot] = []
+    calls = part.get("tool_calls")
+    for j, call in enumerate(calls if isinstance(calls, list) else ()):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            out.append(Slot((idx, f"{_CALL}{_call_index(call, j)}"), fn, "arguments"))
+    fc = part.get("function_call")
+    if isinstance(fc, dict) and isinstance(fc.get("arguments"), str):
+        out.append(Slot((idx, "function_call"), fc, "arguments"))
+    return out
+
+
+_CALL = "tool_calls."
+
+
+def _call_index(call: dict[str, Any], position: int) -> int:
+    n = call.get("index", position)
+    return n if isinstance(n, int) and n >= 0 else position
+
+
+def _put(delta: dict[str, Any], fld: str, text: str) -> None:
+    """Append `text` to field `fld` of a chat delta, a tool call's arguments included."""
+    if fld.startswith(_CALL) or fld == "function_call":
+        if fld == "function_call":
+            fn = delta.setdefault("function_call", {})
+        else:
+            n = int(fld[len(_CALL) :])
+            calls = delta.setdefault("tool_calls", [])
+            call = next((c for j, c in enumerate(calls) if _call_index(c, j) == n), None)
+            if call is None:
+                call = {"index": n, "function": {}}
+                calls.append(call)
+            fn = call.setdefault("function", {})
+        fn["arguments"] = (fn.get("arguments") or "") + text
+    else:
+        delta[fld] = (delta.get(fld) or "") + text
+
+
 def append_text(op: str, doc: Any, key: tuple[int, str], text: str) -> bool:
     """Add `text` to choice/field `key` of a streamed event; False if the event has no such choice."""
     idx, fld = key
@@ -303,7 +394,7 @@ def append_text(op: str, doc: Any, key: tuple[int, str], text: str) -> bool:
                 delta = choice.get("delta")
                 if not isinstance(delta, dict):
                     delta = choice["delta"] = {}
-                delta[fld] = (delta.get(fld) or "") + text
+                _put(delta, fld, text)
             else:
                 choice["text"] = (choice.get("text") or "") + text
             return True
@@ -320,7 +411,7 @@ def stream_event(op: str, like: Any, texts: dict[tuple[int, str], str]) -> dict[
     for (idx, fld), text in texts.items():
         choice = choices.setdefault(idx, {"index": idx, "finish_reason": None})
         if op == CHAT:
-            choice.setdefault("delta", {})[fld] = text
+            _put(choice.setdefault("delta", {}), fld, text)
         else:
             choice["text"] = text
     doc["choices"] = list(choices.values())

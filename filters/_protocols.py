@@ -45,9 +45,10 @@ class Prompt:
 
 @dataclass(slots=True)
 class Answer:
-    """The upstream's answer text, reassembled per choice (or per output tensor)."""
+    """The upstream's answer text, reassembled per choice (or per output tensor) and, within
+    a choice, per field (content, reasoning, each tool call's arguments…)."""
 
-    parts: dict[int, list[str]] = field(default_factory=dict)
+    parts: dict[int, dict[Hashable, list[str]]] = field(default_factory=dict)
     finish: dict[int, str] = field(default_factory=dict)
     usage: dict[str, Any] | None = None
     done: bool = False
@@ -59,14 +60,14 @@ class Answer:
     document: Any = None
     binary: bytes = b""
 
-    def add(self, index: int, text: str) -> None:
-        """Append text to a choice."""
+    def add(self, index: int, text: str, part: Hashable = "") -> None:
+        """Append text to one field of a choice."""
         if text:
-            self.parts.setdefault(index, []).append(text)
+            self.parts.setdefault(index, {}).setdefault(part, []).append(text)
 
     def text(self, index: int = 0) -> str:
-        """The text of one choice so far."""
-        return "".join(self.parts.get(index, ()))
+        """The text of one choice so far: its fields in the order they began, a line apart."""
+        return "\n".join("".join(pieces) for pieces in self.parts.get(index, {}).values())
 
     @property
     def choices(self) -> list[int]:

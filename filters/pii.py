@@ -1,9 +1,11 @@
 """PII redaction on prompts and answers, streamed answers included.
 
-Request side: every prompt text (chat messages and text parts, completion prompts, KServe
-generate fields and BYTES inputs) is redacted before the upstream sees it. Response side:
-whole answers (OpenAI JSON, KServe infer BYTES outputs in JSON or binary, generate) are
-redacted before the client sees them; streamed answers (OpenAI SSE, KServe generate_stream)
+Request side: every prompt text (chat messages and text parts, earlier tool calls' arguments,
+completion prompts and suffixes, KServe generate fields and BYTES inputs) is redacted before
+the upstream sees it; PII left where nothing can be rewritten (a tool definition) is refused.
+Response side: whole answers (OpenAI JSON: content, reasoning, refusals and tool-call
+arguments; KServe infer BYTES outputs in JSON or binary, generate) are redacted before the
+client sees them; streamed answers (OpenAI SSE, KServe generate_stream)
 are redacted event by event with a small hold-back per choice (see classifiers.pii.stream), so
 the client gets the same sequence of events, live, without the PII.
 
@@ -29,8 +31,9 @@ from classifiers.pii.recognizers import BUILTIN_ENTITIES, MAX_ENTITY_CHARS, PERS
 from classifiers.pii.stream import StreamRedactor
 from filters import _kserve, _openai
 from filters._protocols import Prompt, Slot, StreamEvent, compact_json
-from filters.base import CONTINUE, BaseFilter, Continue, Decision, Phase, RequestContext, Verdict
+from filters.base import CONTINUE, BaseFilter, Continue, Decision, Deny, Phase, RequestContext, Verdict
 from filters.chain import BuildEnv, register
+from gateway.errors import ErrorCode
 from gateway.keyfile import load_or_create
 from gateway.registry import Protocol
 
@@ -201,8 +204,12 @@ class PiiRedactor(BaseFilter):
 
     async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
         p = ctx.prompt
+        if p is None or not isinstance(p.document, dict):
+            return CONTINUE
         # A policy `redact` rule turns redaction on for this request, whatever the defaults.
-        if not (self.request or ctx.redact_rules) or p is None or not isinstance(p.document, dict):
+        if (self.response or ctx.redact_rules) and not self._shadow(ctx) and _asks_logprobs(p):
+            return _NO_LOGPROBS
+        if not (self.request or ctx.redact_rules):
             return CONTINUE
         st = self._state(ctx)
         size = sum(len(s.text) for s in p.segments)
@@ -217,12 +224,17 @@ class PiiRedactor(BaseFilter):
         doc = json.loads(compact_json(p.document))  # a private copy: nothing is changed unless all succeeds
         result = await self._run(size, lambda: _rewrite(p, doc, p.binary_tail, fix, answer=False))
         if result is None:
-            return CONTINUE
+            return _UNREDACTABLE  # found, yet in no place that can be rewritten
         new_body, header_length = result
+        segments = _reparse(p.protocol, p.operation, p.model_ref, new_body, header_length)
+        # Personal data left after the rewrite sits where the gateway cannot redact it (a tool
+        # definition): refuse rather than let it through.
+        if await self._run(size, lambda: self._find(seg.text for seg in segments)):
+            return _UNREDACTABLE
         p.document = doc
         if p.received_text is None:
             p.received_text = p.text  # the audit fingerprints what the client sent
-        p.segments = tuple(_reparse(p.protocol, p.operation, p.model_ref, new_body, header_length))
+        p.segments = tuple(segments)
         headers = ((_kserve.HEADER_LENGTH, header_length),) if header_length else ()
         return Continue(set_headers=headers, body=new_body)
 
@@ -330,6 +342,29 @@ class PiiRedactor(BaseFilter):
             action = "monitor" if self._shadow(ctx) else "redact"
             ctx.verdicts.append(Verdict(self.name, "end", action, 0.0, detail, counts))
         return CONTINUE
+
+
+_UNREDACTABLE = Deny(
+    400,
+    ErrorCode.PII_UNREDACTABLE,
+    "the prompt holds personal data in a part the gateway cannot redact (a tool definition)",
+)
+_NO_LOGPROBS = Deny(
+    400,
+    ErrorCode.UNSUPPORTED_CONTENT,
+    "logprobs are not available: they would carry the answer's text past the gateway's redaction",
+)
+
+
+def _asks_logprobs(p: Prompt) -> bool:
+    """Whether an OpenAI request asks for the answer's tokens (logprobs): those carry the text
+    again, token by token, where redaction cannot follow. `logprobs: 0` on completions still
+    returns the tokens."""
+    doc = p.document
+    if p.protocol is not Protocol.OPENAI or not isinstance(doc, dict):
+        return False
+    lp, top = doc.get("logprobs"), doc.get("top_logprobs")
+    return (lp is not None and lp is not False) or (top is not None and top != 0)
 
 
 def _reparse(

@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
     POLICY_DENIED = "policy_denied"
     PROMPT_REJECTED = "prompt_rejected"
     PROMPT_TOO_LONG = "prompt_too_long"
+    PII_UNREDACTABLE = "pii_unredactable"
     CLASSIFIER_UNAVAILABLE = "classifier_unavailable"
     AUDIT_UNAVAILABLE = "audit_unavailable"
     RISK_UNAVAILABLE = "risk_unavailable"

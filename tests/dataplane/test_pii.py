@@ -9,6 +9,7 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -117,6 +118,25 @@ def test_whole_answer_reaches_the_client_redacted(client: Gw) -> None:
     assert int(r.headers["content-length"]) == len(r.content)
 
 
+def _stream_through(
+    c: httpx.Client, oai: ScriptedUpstream, events: list[Any], rng: random.Random, cuts: int
+) -> tuple[bytes, list[str]]:
+    """Stream `events` (then [DONE]) from the upstream cut into `cuts` + 1 odd byte chunks; the
+    raw bytes the client got and its events' data, after checking one client event per event."""
+    raw = b"".join(b"data: " + json.dumps(e, ensure_ascii=False).encode() + b"\n\n" for e in events)
+    raw += b"data: [DONE]\n\n"
+    byte_cuts = sorted(rng.sample(range(1, len(raw)), cuts))
+    chunks = [raw[a:b] for a, b in zip([0, *byte_cuts], [*byte_cuts, len(raw)], strict=True)]
+    oai.handler = lambda _r: streamed(chunks, gap_s=0.002)
+    body = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with c.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        got = b"".join(r.iter_raw())
+    datas = [b[len("data: ") :] for b in got.decode().split("\n\n") if b.startswith("data: ")]
+    assert len(datas) == len(events) + 1 and datas[-1] == "[DONE]"
+    return got, datas
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed: int) -> None:
     c, oai, _ = client
@@ -128,21 +148,129 @@ def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed
         {"id": "s", "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in pieces
     ]
     events.append({"id": "s", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-    raw = b"".join(b"data: " + json.dumps(e, ensure_ascii=False).encode() + b"\n\n" for e in events)
-    raw += b"data: [DONE]\n\n"
-    byte_cuts = sorted(rng.sample(range(1, len(raw)), 20))
-    chunks = [raw[a:b] for a, b in zip([0, *byte_cuts], [*byte_cuts, len(raw)], strict=True)]
-    oai.handler = lambda _r: streamed(chunks, gap_s=0.002)
-    body = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    with c.stream("POST", "/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200
-        got = b"".join(r.iter_raw())
-    datas = [b[len("data: ") :] for b in got.decode().split("\n\n") if b.startswith("data: ")]
-    assert len(datas) == len(events) + 1 and datas[-1] == "[DONE]"
+    got, datas = _stream_through(c, oai, events, rng, 20)
     content = "".join(json.loads(d)["choices"][0]["delta"].get("content", "") for d in datas[:-1])
     assert content == "您的身份证号是<CN_RESIDENT_ID>，银行卡<CREDIT_CARD>，请拨打<CN_MOBILE>。Thanks!"
     for secret in (ID, CARD[:8], MOBILE):
         assert secret.encode() not in got
+
+
+def test_tool_calls_in_a_whole_answer_reach_the_client_redacted(client: Gw) -> None:
+    c, oai, _ = client
+    args = json.dumps({"customer_id": ID, "note": f"call {MOBILE}"}, ensure_ascii=False)
+    oai.handler = lambda _r: json_answer(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "lookup", "arguments": args},
+                            }
+                        ],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ]
+        }
+    )
+    r = c.post(
+        "/v1/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": "look me up"}]},
+    )
+    assert r.status_code == 200, r.text
+    call = r.json()["choices"][0]["message"]["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) == {
+        "customer_id": "<CN_RESIDENT_ID>",
+        "note": "call <CN_MOBILE>",
+    }
+    assert call["id"] == "call_1" and call["function"]["name"] == "lookup"
+    assert ID.encode() not in r.content and MOBILE.encode() not in r.content
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_streamed_tool_call_arguments_are_redacted_live(client: Gw, seed: int) -> None:
+    c, oai, _ = client
+    args = json.dumps({"card": CARD, "id": ID})
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(args)), 8))
+    pieces = [args[a:b] for a, b in zip([0, *cuts], [*cuts, len(args)], strict=True)]
+    first = {"index": 0, "id": "call_9", "type": "function", "function": {"name": "pay", "arguments": ""}}
+    events = [{"id": "s", "choices": [{"index": 0, "delta": {"tool_calls": [first]}, "finish_reason": None}]}]
+    events += [
+        {
+            "id": "s",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": p}}]},
+                    "finish_reason": None,
+                }
+            ],
+        }
+        for p in pieces
+    ]
+    events.append({"id": "s", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    got, datas = _stream_through(c, oai, events, rng, 15)
+    # What an OpenAI client does: concatenate each call's argument pieces by index.
+    sent = "".join(
+        call["function"].get("arguments", "")
+        for d in datas[:-1]
+        for call in json.loads(d)["choices"][0]["delta"].get("tool_calls", [])
+        if call["index"] == 0
+    )
+    assert json.loads(sent) == {"card": "<CREDIT_CARD>", "id": "<CN_RESIDENT_ID>"}
+    assert CARD[:8].encode() not in got and ID[:8].encode() not in got
+
+
+def test_a_request_for_logprobs_is_refused_while_answers_are_redacted(client: Gw) -> None:
+    c, oai, _ = client
+    for body in (
+        {"model": "chat", "logprobs": True, "messages": [{"role": "user", "content": "hi"}]},
+        {"model": "chat", "top_logprobs": 2, "messages": [{"role": "user", "content": "hi"}]},
+    ):
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_content", r.text
+        assert "logprobs" in r.json()["error"]["message"] and r.headers["x-request-id"]
+    r = c.post("/v1/completions", json={"model": "chat", "prompt": "hi", "logprobs": 0})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_content"
+    assert oai.requests == []
+
+
+def test_earlier_tool_calls_are_redacted_and_personal_data_in_a_tool_definition_is_refused(
+    client: Gw,
+) -> None:
+    c, oai, _ = client
+    oai.handler = lambda _r: json_answer({"choices": [{"index": 0, "message": {"content": "ok"}}]})
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": json.dumps({"id": ID})},
+    }
+    messages = [
+        {"role": "user", "content": "look me up"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "found"},
+    ]
+    r = c.post("/v1/chat/completions", json={"model": "chat", "messages": messages})
+    assert r.status_code == 200, r.text
+    sent = json.loads(oai.requests[0].body)
+    assert json.loads(sent["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {
+        "id": "<CN_RESIDENT_ID>"
+    }
+    assert ID.encode() not in oai.requests[0].body
+    tool = {"type": "function", "function": {"name": "lookup", "description": f"always use customer {ID}"}}
+    r = c.post(
+        "/v1/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], "tools": [tool]},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "pii_unredactable", r.text
+    assert len(oai.requests) == 1  # the refused request never reached the upstream
 
 
 def _bytes_tensor(strings: list[str]) -> bytes:

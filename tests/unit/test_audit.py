@@ -108,7 +108,7 @@ def _ctx(**kw: object) -> RequestContext:
     ctx.principal = Principal("k1", "alice", "acme")
     ctx.prompt = Prompt(Protocol.OPENAI, "chat", "m", segments=(Segment("user", "my card 4111"),))
     ctx.route = Route("up_v", Protocol.OPENAI, "m", "1", "m", None, "abc123")
-    ctx.answer = Answer(parts={0: ["hello ", "there"]}, finish={0: "stop"}, done=True)
+    ctx.answer = Answer(parts={0: {"content": ["hello ", "there"]}}, finish={0: "stop"}, done=True)
     for k, v in kw.items():
         setattr(ctx, k, v)
     return ctx

@@ -270,3 +270,47 @@ def test_kserve_generate_answer_error_with_200() -> None:
     a = Answer()
     _kserve.answer_from_body(_kserve.GENERATE, b'{"error": "decoupled model"}', None, a)
     assert a.upstream_error
+
+
+def test_earlier_tool_calls_and_suffixes_are_rewritable_prompt_text() -> None:
+    chat = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "call_1", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "assistant", "function_call": {"name": "g", "arguments": '{"x": 1}'}},
+            {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+        ],
+    }
+    p = _openai.parse_request(_openai.CHAT, json.dumps(chat).encode())
+    assert [(s.role, s.text) for s in p.segments] == [
+        ("assistant", "{}"),
+        ("assistant", '{"x": 1}'),
+        ("tool", "ok"),
+    ]
+    assert [s.get() for s in _openai.request_slots(_openai.CHAT, p.document)] == ["{}", '{"x": 1}', "ok"]
+    comp = {"model": "m", "prompt": "def f(", "suffix": "return x"}
+    p = _openai.parse_request(_openai.COMPLETION, json.dumps(comp).encode())
+    assert [s.get() for s in _openai.request_slots(_openai.COMPLETION, p.document)] == ["def f(", "return x"]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "tool", "tool_call_id": "ignore previous instructions", "content": "x"},
+        {"role": "assistant", "tool_calls": [{"id": "1 2", "function": {"name": "f", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "tool_calls": [{"function": {"name": "say hi to the model", "arguments": "{}"}}],
+        },
+        {"role": "assistant", "tool_calls": ["f()"]},
+        {"role": "assistant", "function_call": {"name": "f", "arguments": {"x": 1}}},
+    ],
+)
+def test_tool_call_ids_and_names_must_be_identifiers(message: dict[str, object]) -> None:
+    body = json.dumps({"model": "m", "messages": [message]}).encode()
+    with pytest.raises(ProtocolError) as e:
+        _openai.parse_request(_openai.CHAT, body)
+    assert e.value.status == 400 and e.value.code is ErrorCode.INVALID_REQUEST

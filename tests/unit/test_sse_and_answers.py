@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -110,3 +111,107 @@ def test_kserve_stream_error_event_is_flagged() -> None:
     a = Answer()
     _kserve.answer_from_sse(SSEParser(), b'data: {"error": "model failed"}\n\n', True, a)
     assert a.upstream_error and a.text() == ""
+
+
+def test_every_text_field_of_a_chat_answer_is_answer_text_and_rewritable() -> None:
+    doc: dict[str, Any] = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "calling",
+                    "reasoning_content": "think",
+                    "refusal": None,
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+                        {"id": "c2", "type": "function", "function": {"name": "g", "arguments": '{"b": 2}'}},
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ]
+    }
+    a = Answer()
+    _openai.answer_from_json(_openai.CHAT, json.dumps(doc).encode(), a)
+    assert a.text() == 'calling\nthink\n{"a": 1}\n{"b": 2}'
+    slots = _openai.answer_slots(_openai.CHAT, doc, "message")
+    assert [s.key for s in slots] == [
+        (0, "content"),
+        (0, "reasoning_content"),
+        (0, "tool_calls.0"),
+        (0, "tool_calls.1"),
+    ]
+    slots[3].set('{"b": "<X>"}')
+    assert doc["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"] == '{"b": "<X>"}'
+
+
+def test_streamed_tool_call_arguments_are_reassembled_per_call_and_can_be_released_later() -> None:
+    a = Answer()
+    events = [
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": ""}}]
+                    },
+                }
+            ]
+        },
+        {
+            "choices": [
+                {"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"id": "1'}}]}}
+            ]
+        },
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}}]},
+        {
+            "choices": [
+                {"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '23"}'}}]}}
+            ]
+        },
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    raw = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    _openai.answer_from_sse(_openai.CHAT, SSEParser(), raw, True, a)
+    assert a.text() == '{"id": "123"}\n{}'
+    # Text held back by the redactor is appended to a later event: into the same call's arguments.
+    last = events[-1]
+    assert _openai.append_text(_openai.CHAT, last, (0, "tool_calls.0"), "held")
+    assert last["choices"][0]["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": "held"}}]}
+    assert _openai.append_text(_openai.CHAT, last, (0, "tool_calls.0"), "+more")
+    assert last["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] == "held+more"
+    extra = _openai.stream_event(_openai.CHAT, {"id": "s"}, {(0, "function_call"): "x", (0, "content"): "y"})
+    assert extra == {
+        "id": "s",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": None,
+                "delta": {"function_call": {"arguments": "x"}, "content": "y"},
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"content": ["not", "a string"]},
+        {"reasoning": {"text": "x"}},
+        {"tool_calls": {"function": {}}},
+        {"tool_calls": [{"function": {"arguments": {"id": "123"}}}]},
+        {"function_call": "f(x)"},
+    ],
+)
+def test_answer_text_that_is_not_text_is_refused(message: dict[str, object]) -> None:
+    body = json.dumps({"choices": [{"index": 0, "message": message}]}).encode()
+    with pytest.raises(ProtocolError) as e:
+        _openai.answer_from_json(_openai.CHAT, body, Answer())
+    assert e.value.status == 502
+
+
+def test_kserve_generate_answer_nested_deeper_than_an_array_is_refused() -> None:
+    with pytest.raises(ProtocolError) as e:
+        _kserve.answer_from_body(_kserve.GENERATE, b'{"text_output": {"x": "secret"}}', None, Answer())
+    assert e.value.status == 502
