@@ -169,6 +169,8 @@ def _tensors(
         params = t.get("parameters") or {}
         if not isinstance(params, dict):
             raise bad(f"{where}[{i}].parameters must be an object")
+        if strict and any(k.startswith("shared_memory") for k in params):
+            raise bad(f"{where}[{i}]: {_SHM}", ErrorCode.UNSUPPORTED_CONTENT)
         size = params.get("binary_data_size")
         if t.get("datatype") != "BYTES":
             # Not text, but its binary data still takes its place in the body.
@@ -187,6 +189,51 @@ def _tensors(
     return out, pos
 
 
+_SHM = "shared-memory tensors cannot be checked by the gateway"
+
+
+def _requested_outputs(outputs: Any) -> None:
+    """An infer request's `outputs`: an answer written to shared memory would never pass the
+    gateway's answer checks, so it is refused."""
+    if outputs is None:
+        return
+    if not isinstance(outputs, list):
+        raise bad("'outputs' must be an array")
+    for i, o in enumerate(outputs):
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise bad(f"outputs[{i}] must be an object with a string 'name'")
+        params = o.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise bad(f"outputs[{i}].parameters must be an object")
+        if any(k.startswith("shared_memory") for k in params):
+            raise bad(f"outputs[{i}]: {_SHM}", ErrorCode.UNSUPPORTED_CONTENT)
+
+
+def _parameter_segments(doc: dict[str, Any]) -> list[Segment]:
+    """Request-level `parameters`: the model server hands them to the model, so their strings
+    are prompt text (role `parameter:<name>`). Values are scalars, as the protocol has them."""
+    params = doc.get("parameters")
+    if params is None:
+        return []
+    if not isinstance(params, dict):
+        raise bad("'parameters' must be an object")
+    out: list[Segment] = []
+    for key, value in params.items():
+        if isinstance(value, str):
+            out.append(Segment(f"parameter:{key}", check_text(value, f"parameters.{key}")))
+        elif not isinstance(value, bool | int | float):
+            raise bad(f"parameters.{key} must be a string, number or boolean")
+    return out
+
+
+def parameter_slots(doc: Any) -> list[Slot]:
+    """The string request parameters of a validated infer/generate request, for rewriting."""
+    params = doc.get("parameters") if isinstance(doc, dict) else None
+    if not isinstance(params, dict):
+        return []
+    return [Slot(("parameter", k), params, k) for k, v in params.items() if isinstance(v, str)]
+
+
 def parse_request(kp: KPath, body: bytes, header_length: str | None) -> Prompt:
     """Validate an infer/generate body and extract its text; ProtocolError if malformed."""
     json_part, binary = split_binary(body, header_length, "request body")
@@ -200,6 +247,7 @@ def parse_request(kp: KPath, body: bytes, header_length: str | None) -> Prompt:
             raise bad("'inputs' must name at least one tensor")
         if used != len(binary):
             raise bad("binary data does not match the inputs' binary_data_size")
+        _requested_outputs(doc.get("outputs"))
         for name, strings in tensors:
             segments += [Segment(f"input:{name}", s) for s in strings]
     else:
@@ -212,6 +260,7 @@ def parse_request(kp: KPath, body: bytes, header_length: str | None) -> Prompt:
                 segments += [Segment(f"input:{key}", s) for s in _flatten_strings(value, key)]
             elif not isinstance(value, bool | int | float) and value is not None:
                 raise bad(f"'{key}' must be a string, number, boolean or array of strings")
+    segments += _parameter_segments(doc)
     return Prompt(
         Protocol.KSERVE_V2, kp.op, kp.model_ref, kp.op == GENERATE_STREAM, tuple(segments), doc, binary
     )

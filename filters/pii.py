@@ -146,6 +146,8 @@ def _rewrite(
 
     if p.protocol is Protocol.KSERVE_V2 and p.operation == _kserve.INFER:
         new_binary = _kserve.rewrite_tensors(doc.get("outputs" if answer else "inputs"), binary, noted)
+        for slot in [] if answer else _kserve.parameter_slots(doc):
+            slot.set(noted(slot.get()))
         return _kserve.body_with_binary(doc, new_binary) if changed else None
     if p.protocol is Protocol.OPENAI:
         slots = (
@@ -154,7 +156,7 @@ def _rewrite(
             else _openai.request_slots(p.operation, doc)
         )
     else:
-        slots = _kserve.generate_slots(doc)
+        slots = _kserve.generate_slots(doc) + ([] if answer else _kserve.parameter_slots(doc))
     for slot in slots:
         slot.set(noted(slot.get()))
     return (compact_json(doc), None) if changed else None

@@ -56,8 +56,18 @@ class InjectionParams(BaseModel):
         default="enforce", description="monitor: record only (dry run)."
     )
     roles: list[str] = Field(
-        default_factory=lambda: ["system", "developer", "user", "tool", "function", "tool_spec", "input:*"],
-        description="Prompt roles to score (globs; `input:*` are KServe inputs). Assistant turns are not scored.",
+        default_factory=lambda: [
+            "system",
+            "developer",
+            "user",
+            "tool",
+            "function",
+            "tool_spec",
+            "input:*",
+            "parameter:*",
+        ],
+        description="Prompt roles to score (globs; `input:*` are KServe inputs, `parameter:*` KServe "
+        "request parameters). Assistant turns are not scored.",
     )
     status: int = Field(default=400, ge=400, le=499, description="HTTP status of a deny.")
     message: str = Field(

@@ -164,6 +164,23 @@ def test_a_body_on_a_bodyless_call_is_refused(client: httpx.Client, openai_up: S
             400,
             "invalid_request",
         ),
+        (
+            "/v2/models/echo/generate",
+            json.dumps({"text_input": "x", "parameters": {"p": ["hidden text"]}}).encode(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "/v2/models/echo/infer",
+            json.dumps(
+                {
+                    "inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["hi"]}],
+                    "outputs": [{"name": "y", "parameters": {"shared_memory_region": "out"}}],
+                }
+            ).encode(),
+            400,
+            "unsupported_content",
+        ),
         ("/v2/models/ghost/generate", json.dumps({"text_input": "x"}).encode(), 404, "model_not_found"),
         ("/v2/models/echo@7/generate", json.dumps({"text_input": "x"}).encode(), 404, "model_not_found"),
         ("/v2/models/echo@1/versions/1/infer", b"{}", 400, "invalid_request"),

@@ -352,10 +352,16 @@ def test_kserve_binary_tensors_are_redacted_both_ways(client: Gw) -> None:
 def test_kserve_json_generate_is_redacted(client: Gw) -> None:
     c, _, ks = client
     ks.handler = lambda _r: json_answer({"model_name": "echo", "text_output": f"call {MOBILE}"})
-    r = c.post("/v2/models/echo/generate", json={"text_input": f"id {ID}", "parameters": {"max_tokens": 3}})
+    r = c.post(
+        "/v2/models/echo/generate",
+        json={"text_input": f"id {ID}", "parameters": {"max_tokens": 3, "customer": f"card {CARD}"}},
+    )
     assert r.status_code == 200
     assert r.json()["text_output"] == "call <CN_MOBILE>"
-    assert json.loads(ks.requests[0].body)["text_input"] == "id <CN_RESIDENT_ID>"
+    sent = json.loads(ks.requests[0].body)
+    assert sent["text_input"] == "id <CN_RESIDENT_ID>"
+    # Request parameters reach the model too: their strings are redacted like the inputs.
+    assert sent["parameters"] == {"max_tokens": 3, "customer": "card <CREDIT_CARD>"}
 
 
 def test_the_request_log_names_what_was_redacted_never_the_value(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -59,5 +60,30 @@ default_action: allow
                 model="chat", messages=[{"role": "user", "content": "please summarise the report"}]
             )
             assert ok.choices[0].message.content == "sure" and len(up.requests) == 1
+    finally:
+        up.stop()
+
+
+def test_a_jailbreak_in_a_kserve_request_parameter_is_denied(tmp_path: Path) -> None:
+    manifest = build(tmp_path / "model")
+    (tmp_path / "policy.yaml").write_text(
+        f"version: 1\nchain:\n  - filter: principal\n  - filter: protocol\n  - filter: route\n"
+        f"  - filter: prompt_injection\n    model: {manifest}\ndefault_action: allow\n"
+    )
+    up = ScriptedUpstream("kserve").start()
+    up.handler = lambda _r: json_answer({"model_name": "gen", "text_output": "ok"})
+    try:
+        reg = registry_for(
+            {"t": ("kserve_v2", up.port)}, {"gen": {"latest": "1", "versions": {"1": {"upstream": "t"}}}}
+        )
+        with running(tmp_path / "gw", reg, env={"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}) as env:
+            auth = {"authorization": f"Bearer {KEY}"}
+            bad = {"text_input": "please summarise the report", "parameters": {"system_prompt": "jailbreak"}}
+            r = httpx.post(f"{env.url}/v2/models/gen/generate", json=bad, headers=auth)
+            assert r.status_code == 400 and r.json()["code"] == "prompt_rejected", r.text
+            assert up.requests == []
+            ok = {"text_input": "please summarise the report", "parameters": {"system_prompt": "the report"}}
+            r = httpx.post(f"{env.url}/v2/models/gen/generate", json=ok, headers=auth)
+            assert r.status_code == 200 and r.json()["text_output"] == "ok" and len(up.requests) == 1
     finally:
         up.stop()

@@ -314,3 +314,59 @@ def test_tool_call_ids_and_names_must_be_identifiers(message: dict[str, object])
     with pytest.raises(ProtocolError) as e:
         _openai.parse_request(_openai.CHAT, body)
     assert e.value.status == 400 and e.value.code is ErrorCode.INVALID_REQUEST
+
+
+def test_kserve_request_parameters_are_prompt_text() -> None:
+    gen = _kserve.parse_request(
+        _kserve.KPath(_kserve.GENERATE, "m"),
+        b'{"text_input": "q", "parameters": {"system_prompt": "obey", "temperature": 0.5, "stream": false}}',
+        None,
+    )
+    assert [(s.role, s.text) for s in gen.segments] == [
+        ("input:text_input", "q"),
+        ("parameter:system_prompt", "obey"),
+    ]
+    assert [s.get() for s in _kserve.parameter_slots(gen.document)] == ["obey"]
+    infer = _kserve.parse_request(
+        _kserve.KPath(_kserve.INFER, "m"),
+        b'{"inputs": [{"name": "a", "datatype": "BYTES", "data": ["x"]}], "parameters": {"note": "n"}}',
+        None,
+    )
+    assert [(s.role, s.text) for s in infer.segments] == [("input:a", "x"), ("parameter:note", "n")]
+
+
+_TEXT_IN = {"name": "a", "datatype": "BYTES", "shape": [1], "data": ["x"]}
+
+
+@pytest.mark.parametrize(
+    ("op", "doc", "code"),
+    [
+        (
+            _kserve.GENERATE,
+            {"text_input": "q", "parameters": {"nested": {"text": "hidden"}}},
+            ErrorCode.INVALID_REQUEST,
+        ),
+        (_kserve.GENERATE, {"text_input": "q", "parameters": ["x"]}, ErrorCode.INVALID_REQUEST),
+        (
+            _kserve.INFER,
+            {
+                "inputs": [
+                    {**_TEXT_IN, "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8}}
+                ]
+            },
+            ErrorCode.UNSUPPORTED_CONTENT,
+        ),
+        (
+            _kserve.INFER,
+            {"inputs": [_TEXT_IN], "outputs": [{"name": "o", "parameters": {"shared_memory_region": "r"}}]},
+            ErrorCode.UNSUPPORTED_CONTENT,
+        ),
+        (_kserve.INFER, {"inputs": [_TEXT_IN], "outputs": [{"parameters": {}}]}, ErrorCode.INVALID_REQUEST),
+    ],
+)
+def test_kserve_text_the_gateway_cannot_see_is_refused(
+    op: str, doc: dict[str, object], code: ErrorCode
+) -> None:
+    with pytest.raises(ProtocolError) as e:
+        _kserve.parse_request(_kserve.KPath(op, "m"), json.dumps(doc).encode(), None)
+    assert e.value.status == 400 and e.value.code is code
