@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import pytest
 
-from tests.harness import OTHER_TENANT_KEY, ScriptedUpstream
+from tests.harness import OTHER_TENANT_KEY, ScriptedUpstream, json_answer
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}
 
@@ -58,6 +59,38 @@ def test_gateway_key_and_owned_headers_never_reach_the_upstream(
     [got] = openai_up.requests
     assert "authorization" not in got.headers
     assert not [h for h in got.headers if h.startswith("x-ztgate-")]
+
+
+def test_clients_cannot_steer_envoy_or_spoof_their_address(
+    client: httpx.Client, openai_up: ScriptedUpstream
+) -> None:
+    # Envoy's own control headers would let a client change timeouts or make Envoy replay a
+    # checked request to the model (one audit record, several model calls): they are ignored.
+    async def failing(_r: object) -> object:
+        return json_answer({"error": "busy"}, status=503)
+
+    openai_up.handler = failing
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "llama3-8b", **CHAT},
+        headers={"x-envoy-retry-on": "5xx", "x-envoy-max-retries": "5", "x-forwarded-for": "10.9.9.9"},
+    )
+    assert r.status_code == 503
+    [got] = openai_up.requests  # no retry
+    assert got.headers["x-forwarded-for"] == "127.0.0.1"  # the real peer, not the client's claim
+    openai_up.requests.clear()
+
+    async def slow(_r: object) -> object:
+        await asyncio.sleep(0.3)
+        return json_answer({"choices": [{"index": 0, "message": {"content": "ok"}}]})
+
+    openai_up.handler = slow
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "llama3-8b", **CHAT},
+        headers={"x-envoy-upstream-rq-timeout-ms": "20"},
+    )
+    assert r.status_code == 200, r.text
 
 
 def test_spoofed_routing_header_does_not_bypass_a_deny(
