@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from classifiers.invisible import FOLD
+
 
 class ModelError(ValueError):
     """A model, tokenizer or manifest that cannot be used as it is."""
@@ -67,6 +69,27 @@ class Manifest:
                 f"{path}: not a usable manifest (max_windows must be 1 or more, max_length 3 or more)"
             )
         return m
+
+
+def _reading_table() -> dict[int, str | None]:
+    table = dict(FOLD)
+    # Fullwidth Latin letters and digits read as ASCII; unusual spaces as a space. Chinese
+    # punctuation is left as it is: the model learned it.
+    for start, end in ((0xFF10, 0xFF19), (0xFF21, 0xFF3A), (0xFF41, 0xFF5A)):
+        table.update({cp: chr(cp - 0xFEE0) for cp in range(start, end + 1)})
+    for cp in (0x00A0, *range(0x2000, 0x200B), 0x202F, 0x205F, 0x3000):
+        table[cp] = " "
+    return table
+
+
+_READING = _reading_table()
+
+
+def reading_form(text: str) -> str:
+    """The text as the classifier reads it: invisible characters folded (classifiers.invisible),
+    fullwidth letters and odd spaces as ASCII. Only what is scored; the upstream gets the text
+    as it was sent."""
+    return text.translate(_READING)
 
 
 def text_key(text: str) -> str:
@@ -202,7 +225,7 @@ class InjectionModel:
 
     def _ids(self, text: str) -> list[int]:
         # encode_batch_fast: the same ids without character offsets, 25% faster on long texts here.
-        ids: list[int] = self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        ids: list[int] = self._tok.encode_batch_fast([reading_form(text)], add_special_tokens=False)[0].ids
         return ids
 
     def windows(self, text: str) -> list[list[int]]:

@@ -44,7 +44,7 @@ from typing import Any
 from classifiers.injection import augment, clean, extra, graph, tokenizer
 from classifiers.injection.data import DATASETS, Row, load, split_calibration
 from classifiers.injection.evaluate import threshold_at_fpr
-from classifiers.injection.runtime import cut_windows, session
+from classifiers.injection.runtime import cut_windows, reading_form, session
 from classifiers.injection.teacher import Embedder, Teacher
 
 # The shipped architecture: chosen by latency on this 2-core machine (docs/injection.md): two
@@ -130,7 +130,8 @@ class Windows:
     def ids(self, texts: Sequence[str]) -> list[list[int]]:
         self.tok.no_truncation()
         self.tok.no_padding()
-        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+        forms = [reading_form(t) for t in texts]
+        return [e.ids for e in self.tok.encode_batch(forms, add_special_tokens=False)]
 
     def wrap(self, body: Sequence[int]) -> list[int]:
         return [self.bos, *body, self.eos]
@@ -187,7 +188,8 @@ def _mlm_stamp(tok: Any, texts: Sequence[str], recipe: Recipe) -> str:
     import hashlib
 
     what = [tok.to_str(), list(texts), recipe.seed, recipe.max_length, recipe.mlm_steps, recipe.mlm_batch]
-    return hashlib.sha256(json.dumps([*what, recipe.mlm_lr, ARCH]).encode()).hexdigest()
+    # "reading-form-1": the encoder reads texts through runtime.reading_form.
+    return hashlib.sha256(json.dumps([*what, recipe.mlm_lr, ARCH, "reading-form-1"]).encode()).hexdigest()
 
 
 def _update(torch: Any, model: Any, opt: Any, sched: Any, loss: Any, *, seen: float | None) -> float:

@@ -18,6 +18,7 @@ from enum import StrEnum
 from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
 from presidio_analyzer.nlp_engine import NoOpNlpEngine
 
+from classifiers.invisible import FOLD
 from classifiers.pii.recognizers import (
     BUILTIN_ENTITIES,
     PERSON,
@@ -84,19 +85,59 @@ def replacer(mode: Replacement, key: bytes = b"") -> Replacer:
 _CJK_PUNCTUATION = frozenset("，。：；、．")
 
 
+class _Folds(dict[int, str]):
+    """Code point → what the recognizers read instead (str.translate's table), filled as
+    characters are met: NFKC per character, invisible characters (classifiers.invisible)
+    dropped or spelled out, ASCII and Chinese clause punctuation as they are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.odd: set[str] = set()  # characters met that do not read as one character
+        # The odd characters as one class, with how many there were: rebuilt when more are
+        # met (threads share the table; the set only grows, so a stale pattern shows by count).
+        self._odd_re: tuple[int, re.Pattern[str]] = (0, re.compile("(?!)"))
+
+    def __missing__(self, cp: int) -> str:
+        ch = chr(cp)
+        if cp < 128 or ch in _CJK_PUNCTUATION:
+            n = ch
+        elif cp in FOLD:  # a zero-width space inside a number must not hide it
+            n = FOLD[cp] or ""
+        else:
+            n = unicodedata.normalize("NFKC", ch)
+        if len(self) < 1 << 16:
+            self[cp] = n
+            if len(n) != 1:
+                self.odd.add(ch)
+        return n
+
+    def shifts(self, text: str) -> bool:
+        """Whether `text` (already translated once) holds a character that moves offsets."""
+        count, pattern = self._odd_re
+        if count != len(self.odd):
+            odd = sorted(self.odd)
+            pattern = re.compile("[" + "".join(re.escape(c) for c in odd) + "]")
+            self._odd_re = (len(odd), pattern)
+        return pattern.search(text) is not None
+
+
+_FOLDS = _Folds()
+
+
 def normalize(text: str) -> tuple[str, list[int] | None]:
-    """NFKC-normalize per character; with the original index of every normalized character
-    (plus one past the end), or None when nothing changed."""
-    if text.isascii() or unicodedata.is_normalized("NFKC", text):
+    """The text as the recognizers read it; with the original index of every character of it
+    (plus one past the end), or None when every character maps to one character in place."""
+    if text.isascii():
         return text, None
-    out: list[str] = []
+    norm = text.translate(_FOLDS)
+    # Characters past the table's size limit are never remembered as odd: then compare lengths.
+    if len(norm) == len(text) and not _FOLDS.shifts(text) and len(_FOLDS) < 1 << 16:
+        return norm, None
     back: list[int] = []
     for i, ch in enumerate(text):
-        n = unicodedata.normalize("NFKC", ch) if not ch.isascii() and ch not in _CJK_PUNCTUATION else ch
-        out.append(n)
-        back += [i] * len(n)
+        back += [i] * len(_FOLDS[ord(ch)])
     back.append(len(text))
-    return "".join(out), back
+    return norm, back
 
 
 # What `replacer` writes. Recognizers see a placeholder as a run of letters, i.e. as the entity

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from classifiers.invisible import FOLD
 from classifiers.pii.engine import PiiEngine, Replacer, Span, apply, normalize
 from classifiers.pii.recognizers import CONTEXT_WINDOW, MAX_ENTITY_CHARS
 
@@ -34,6 +35,8 @@ def _entity_char(ch: str) -> bool:
         return True
     if ch.isascii():
         return False
+    if ord(ch) in FOLD:  # invisible: an entity may go on past it, so it is held with it
+        return True
     n, _ = normalize(ch)
     return len(n) == 1 and n in _ENTITY_CHARS
 

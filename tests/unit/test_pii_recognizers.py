@@ -132,6 +132,22 @@ def test_offsets_map_back_through_full_width_text() -> None:
     assert text[span.start : span.end] == _fw(ID)
 
 
+@pytest.mark.parametrize("mark", ["\u200b", "\u200d", "\u2060", "\ufeff", "\u202e", "\ufe0f"])
+def test_invisible_characters_do_not_hide_an_entity(mark: str) -> None:
+    text = f"身份证 {ID[:6]}{mark}{ID[6:12]}{mark}{ID[12:]} ok"
+    (span,) = ENGINE.analyze(text)
+    assert (
+        span.entity == "CN_RESIDENT_ID"
+        and text[span.start : span.end] == ID[:6] + mark + ID[6:12] + mark + ID[12:]
+    )
+
+
+def test_digits_spelled_in_invisible_tag_characters_are_found() -> None:
+    hidden = "".join(chr(0xE0000 + ord(c)) for c in ID)
+    (span,) = ENGINE.analyze(f"see {hidden} here")
+    assert span.entity == "CN_RESIDENT_ID" and span.end - span.start == len(hidden)
+
+
 def test_custom_patterns_with_context_and_threshold() -> None:
     eng = PiiEngine(
         ["EMPLOYEE_ID", "EMAIL_ADDRESS"],

@@ -43,7 +43,17 @@ _VALUES: list[Callable[[random.Random], str]] = [
     synth.ipv4,
     synth.ipv6,
     lambda r: "(415) 555-2671",
+    # Invisible characters inside a value (a model told to "put zero-width spaces between the
+    # digits"): the client sees the number whole, so it must be found whole.
+    lambda r: _hide(synth.cn_id(r), r),
+    lambda r: _hide(synth.card(r), r),
 ]
+
+
+def _hide(value: str, r: random.Random) -> str:
+    cut = sorted(r.sample(range(1, len(value)), 2))
+    marks = r.choices(["\u200b", "\u200c", "\u2060", "\ufeff", "\u00ad"], k=2)
+    return value[: cut[0]] + marks[0] + value[cut[0] : cut[1]] + marks[1] + value[cut[1] :]
 
 
 @st.composite
@@ -92,6 +102,15 @@ def test_redaction_is_idempotent(text: str, mode: Replacement) -> None:
     once, _ = ENGINE.redact(text, rep)
     twice, spans = ENGINE.redact(once, rep)
     assert twice == once and spans == []
+
+
+def test_an_invisible_character_inside_a_number_does_not_end_its_hold_back() -> None:
+    value = synth.cn_id(random.Random(7))
+    red = StreamRedactor(ENGINE, TYPED)
+    first = red.push("c", f"身份证 {value[:6]}\u200b")
+    assert not any(ch.isdigit() for ch in first)  # nothing of the number goes out yet
+    out = first + red.push("c", value[6:] + " ok") + red.flush("c")
+    assert out == "身份证 <CN_RESIDENT_ID> ok"
 
 
 def test_hold_back_is_small_and_prose_flows() -> None:
