@@ -131,7 +131,14 @@ class Audit(BaseFilter):
             "prompt": prompt,
             "response": response,
             "model": (
-                {"ref": f"{r.model}@{r.version}", "hash": r.model_hash, "upstream": r.cluster} if r else None
+                {
+                    "ref": f"{r.model}@{r.version}",
+                    "hash": r.model_hash,
+                    "upstream": r.cluster,
+                    "registry": ctx.registry.revision,
+                }
+                if r
+                else None
             ),
             "decision": {
                 "outcome": ctx.outcome,

@@ -4,6 +4,10 @@ Resolves `name[@version][:hash]` to an upstream and writes the gateway-owned rou
 (`x-ztgate-upstream`), then asks Envoy to re-route. The upstream gets the model under the name
 and version it knows: the OpenAI `model` field or the KServe path is rewritten accordingly.
 The OpenAI model list is answered by the gateway from the registry.
+
+A registry snapshot that cannot be vouched for (Consul unreachable past its staleness bound,
+gateway/consul.py) goes through `fail_mode.consul`: 503 registry_unavailable by default, or the
+last good snapshot, flagged. With no snapshot ever read, every request is refused.
 """
 
 from __future__ import annotations
@@ -13,14 +17,28 @@ from typing import ClassVar
 
 from filters import _kserve, _openai
 from filters._protocols import Prompt, compact_json
-from filters.base import BaseFilter, Continue, Decision, Deny, Phase, RequestContext, Respond
+from filters.base import (
+    BaseFilter,
+    Continue,
+    Decision,
+    Deny,
+    Phase,
+    RequestContext,
+    Respond,
+    Verdict,
+    fail_mode,
+)
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
 from gateway.policy import Action, subject
 from gateway.registry import Protocol, parse_ref
 
+# Mirrors gateway.consul.NO_REGISTRY (importing it would pull the Consul client into every chain).
+_NO_REGISTRY = "none"
+
 UPSTREAM_HEADER = "x-ztgate-upstream"
 _NOT_FOUND = Deny(404, ErrorCode.MODEL_NOT_FOUND, "the model does not exist or is not available to you")
+_UNAVAILABLE = Deny(503, ErrorCode.REGISTRY_UNAVAILABLE, "the model registry is unavailable; try again later")
 
 
 def _model_entry(model_id: str) -> dict[str, object]:
@@ -47,6 +65,14 @@ class RegistryRoute(BaseFilter):
 
     def _route(self, ctx: RequestContext, p: Prompt) -> Decision:
         reg = ctx.registry
+        if reg.problem is not None:
+            if reg.revision == _NO_REGISTRY:
+                # Nothing was ever read, so there is no last good snapshot to fall back on.
+                ctx.verdicts.append(Verdict(self.name, "fail_mode", "deny", 0.0, "consul_failed=no_registry"))
+                return _UNAVAILABLE
+            d = fail_mode(ctx, self.name, "consul", "stale", _UNAVAILABLE)
+            if isinstance(d, Deny):
+                return d
         if p.protocol is Protocol.OPENAI:
             if p.operation == _openai.MODELS:
                 ids: list[str] = []

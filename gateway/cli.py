@@ -14,7 +14,12 @@ def _up(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
     from gateway.supervisor import up
 
-    return up(Settings.from_env(), demo=not args.no_demo, envoy=not args.no_envoy)
+    if args.no_envoy and args.no_workers:
+        print("ztgate up: --no-envoy and --no-workers leave nothing to run", file=sys.stderr)
+        return 2
+    return up(
+        Settings.from_env(), demo=not args.no_demo, envoy=not args.no_envoy, workers=not args.no_workers
+    )
 
 
 def _envoy_config(args: argparse.Namespace) -> int:
@@ -23,12 +28,13 @@ def _envoy_config(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
 
     s = Settings.from_env()
-    doc = envoy_config.render(s, Registry.load(s.registry_file))
-    text = json.dumps(doc, indent=1)
+    registry = Registry.load(s.registry_file)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
-    else:
-        print(text)
+        # With the Consul registry, an empty CDS file beside it: run `python -m gateway.cluster_feed` on it.
+        envoy_config.write(s, registry, Path(args.out))
+        return 0
+    cds = Path(envoy_config.CDS_FILE) if s.registry_source == "consul" else None
+    print(json.dumps(envoy_config.render(s, registry, cds=cds), indent=1))
     return 0
 
 
@@ -54,11 +60,63 @@ def _registry_check(args: argparse.Namespace) -> int:
     from gateway.registry import Registry, RegistryError
 
     try:
-        reg = Registry.load(Path(args.file))
+        reg = Registry.load(Path(args.file)) if not args.consul else _consul_doc(Path(args.file))[1]
     except RegistryError as exc:
         print(exc, file=sys.stderr)
         return 1
     print(f"{args.file}: ok, revision {reg.revision}, {len(reg.spec.models)} models")
+    return 0
+
+
+def _consul_doc(path: Path) -> tuple[bytes, Any]:
+    """A registry file read and validated as a Consul-sourced document (services allowed)."""
+    from gateway.config_yaml import Problem
+    from gateway.registry import Registry, RegistryError
+    from gateway.settings import Settings
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RegistryError([Problem(str(path), 1, 1, f"cannot read the file: {exc.strerror}")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RegistryError.single(str(path), "the file is not valid UTF-8") from None
+    reg = Registry.from_yaml(text, f"consul:{Settings.from_env().consul_key}")
+    return raw, reg
+
+
+def _registry_push(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.consul import Consul, ConsulError
+    from gateway.registry import RegistryError
+    from gateway.settings import Settings
+
+    s = Settings.from_env()
+    try:
+        raw, reg = _consul_doc(Path(args.file))
+    except RegistryError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+
+    async def push() -> bool:
+        consul = Consul(s.consul_url, s.consul_token)
+        try:
+            return await consul.put(s.consul_key, raw, cas=0 if args.if_absent else None)
+        finally:
+            await consul.close()
+
+    try:
+        written = asyncio.run(push())
+    except ConsulError as exc:
+        print(f"ztgate registry push: {exc}", file=sys.stderr)
+        return 1
+    where = f"{s.consul_url} key {s.consul_key}"
+    if not written:
+        print(f"{where}: a registry is already there, left as it is (--if-absent)")
+        return 0
+    print(f"{where}: revision {reg.revision} written, {len(reg.spec.models)} models")
     return 0
 
 
@@ -394,6 +452,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run only the ext_proc workers and admin (Envoy runs in its own container)",
     )
+    s.add_argument(
+        "--no-workers",
+        action="store_true",
+        help="run only Envoy and admin (the workers run in their own container)",
+    )
     s.set_defaults(fn=_up)
     s = sub.add_parser("envoy-config", help="print the rendered Envoy bootstrap (for compose and debugging)")
     s.add_argument("--out", help="write to this file instead of stdout")
@@ -408,7 +471,12 @@ def main(argv: list[str] | None = None) -> int:
     reg = sub.add_parser("registry", help="model registry").add_subparsers(dest="reg_cmd", required=True)
     s = reg.add_parser("check", help="validate a registry file")
     s.add_argument("file")
+    s.add_argument("--consul", action="store_true", help="check it as a Consul registry document")
     s.set_defaults(fn=_registry_check)
+    s = reg.add_parser("push", help="validate a registry file and write it to Consul's KV store")
+    s.add_argument("file")
+    s.add_argument("--if-absent", action="store_true", help="only if the key holds nothing yet (seeding)")
+    s.set_defaults(fn=_registry_push)
     pol = sub.add_parser("policy", help="policy files: check, explain, test, schema").add_subparsers(
         dest="pol_cmd", required=True
     )

@@ -1,8 +1,16 @@
-"""Render envoy/envoy.yaml: fill ${NAME} placeholders and append the generated clusters."""
+"""Render envoy/envoy.yaml: fill ${NAME} placeholders and append the generated clusters.
+
+With the file registry, every upstream's cluster is in the bootstrap. With the Consul registry,
+upstreams come and go while Envoy runs: their clusters are in a CDS file next to the bootstrap
+(`path_config_source`), rewritten by one atomic rename whenever the registry or a service's
+passing instances change (`write_clusters`); Envoy picks each version up by itself.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import string
 from pathlib import Path
 from typing import Any
@@ -14,6 +22,8 @@ from gateway.settings import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
 EXTPROC_CLUSTER = "ztgate_extproc"
+CDS_FILE = "clusters.json"
+_CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 
 
 def _duration(seconds: float) -> str:
@@ -125,8 +135,10 @@ def _local_reply_mappers() -> list[dict[str, Any]]:
     return mappers
 
 
-def render(settings: Settings, registry: Registry, template: Path = TEMPLATE) -> dict[str, Any]:
-    """The complete Envoy bootstrap as a dict."""
+def render(
+    settings: Settings, registry: Registry, template: Path = TEMPLATE, cds: Path | None = None
+) -> dict[str, Any]:
+    """The complete Envoy bootstrap as a dict (upstream clusters from `cds` when it is given)."""
     values = {
         "ADMIN_ADDRESS": settings.admin_address,
         "ENVOY_ADMIN_PORT": settings.envoy_admin_port,
@@ -148,23 +160,47 @@ def render(settings: Settings, registry: Registry, template: Path = TEMPLATE) ->
             buffer_limit=settings.buffer_limit_bytes * 2,
         )
     ]
-    for name, up in sorted(registry.spec.upstreams.items()):
-        clusters.append(
-            _cluster(
-                cluster_name(name),
-                [(up.host, up.port)],
-                http2=False,
-                buffer_limit=settings.buffer_limit_bytes,
-            )
-        )
+    if cds is None:
+        fixed = {n: [(u.host or "", u.port or 0)] for n, u in registry.spec.upstreams.items()}
+        clusters += upstream_clusters(settings, fixed)
+    else:
+        doc["dynamic_resources"] = {
+            "cds_config": {
+                "resource_api_version": "V3",
+                "path_config_source": {"path": str(cds), "watched_directory": {"path": str(cds.parent)}},
+            }
+        }
     doc["static_resources"]["clusters"] = clusters
     hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["local_reply_config"]["mappers"] = _local_reply_mappers()
     return doc
 
 
+def upstream_clusters(
+    settings: Settings, endpoints: dict[str, list[tuple[str, int]]]
+) -> list[dict[str, Any]]:
+    """One cluster per upstream, with its endpoints (none: Envoy answers 503, nothing is reached)."""
+    return [
+        _cluster(cluster_name(name), eps, http2=False, buffer_limit=settings.buffer_limit_bytes)
+        for name, eps in sorted(endpoints.items())
+    ]
+
+
 def write(settings: Settings, registry: Registry, out: Path) -> Path:
-    """Render to a file (JSON is valid YAML for Envoy)."""
+    """Render to a file (JSON is valid YAML for Envoy); with the Consul registry, the CDS file beside it."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(render(settings, registry), indent=1), encoding="utf-8")
+    cds = out.parent / CDS_FILE if settings.registry_source == "consul" else None
+    out.write_text(json.dumps(render(settings, registry, cds=cds), indent=1), encoding="utf-8")
+    if cds is not None and not cds.exists():
+        write_clusters(cds, [])  # Envoy refuses to start on a CDS path that is not there
     return out
+
+
+def write_clusters(cds: Path, clusters: list[dict[str, Any]]) -> str:
+    """Publish the upstream clusters to Envoy: a whole new file, renamed into place. Returns its version."""
+    body = [{"@type": _CLUSTER_TYPE, **c} for c in clusters]
+    version = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+    tmp = cds.with_name(f".{cds.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"version_info": version, "resources": body}, indent=1), encoding="utf-8")
+    os.replace(tmp, cds)  # Envoy reads only whole files: it watches for the rename
+    return version

@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     CLASSIFIER_UNAVAILABLE = "classifier_unavailable"
     AUDIT_UNAVAILABLE = "audit_unavailable"
     RISK_UNAVAILABLE = "risk_unavailable"
+    REGISTRY_UNAVAILABLE = "registry_unavailable"
     USER_UNDER_REVIEW = "user_under_review"
 
 

@@ -111,7 +111,8 @@ class PolicySpec(_Strict):
     lists: dict[str, list[str]] = Field(default_factory=dict, description="Named lists, used as `@name`.")
     fail_mode: dict[Dependency, Annotated[FailMode, Lax]] = Field(
         default_factory=dict,
-        description="Per dependency (redis: the risk store; audit: the audit log): deny (default) or "
+        description="Per dependency (redis: the risk store; audit: the audit log; classifier: the "
+        "injection model; consul: the Consul registry, past its staleness bound): deny (default) or "
         "allow_with_flag (let through, flagged; the audit record names the mode that fired).",
     )
 

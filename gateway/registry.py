@@ -2,12 +2,14 @@
 
 A model reference is ``name[@version][:hash]`` (e.g. ``llama3-8b@v2.4:abc123``). Without a version
 it resolves to the model's ``latest``; with a hash, the hash must match the registered one, so a
-client that pinned a build never silently gets another. The embedded backend is a YAML file; a
-Consul backend plugs in behind the same ``Registry`` value type.
+client that pinned a build never silently gets another. The embedded backend is a YAML file; the
+Consul backend (gateway/consul.py) reads the same document from Consul's KV store, and there an
+upstream may name a Consul service whose passing instances are its endpoints.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import re
@@ -42,11 +44,16 @@ class _Strict(BaseModel):
 
 
 class UpstreamSpec(_Strict):
-    """One model server (a cluster in Envoy)."""
+    """One model server (a cluster in Envoy): a fixed host and port, or a Consul service."""
 
     protocol: ProtocolField = Field(description="Wire protocol the upstream speaks.")
-    host: str = Field(description="Host name or IP address of the upstream.")
-    port: Annotated[int, Field(ge=1, le=65535, description="TCP port of the upstream.")]
+    host: str | None = Field(default=None, description="Host name or IP address of the upstream.")
+    port: Annotated[int | None, Field(default=None, ge=1, le=65535, description="TCP port of the upstream.")]
+    service: str | None = Field(
+        default=None,
+        description="Consul service whose instances with passing health checks are the endpoints "
+        "(Consul registry source only; instead of host and port).",
+    )
 
 
 class VersionSpec(_Strict):
@@ -83,8 +90,13 @@ class RegistrySpec(_Strict):
 class RegistryError(ConfigError):
     """The registry file is unreadable or invalid."""
 
+    @classmethod
+    def single(cls, source: str, what: str) -> RegistryError:
+        """An error about the document as a whole."""
+        return cls([Problem(source, 1, 1, what)])
 
-def _check(spec: RegistrySpec, marks: Marks, source: str) -> list[Problem]:
+
+def _check(spec: RegistrySpec, marks: Marks, source: str, *, services: bool) -> list[Problem]:
     """Names and references across the file, each reported where it is written."""
     out: list[Problem] = [
         at(
@@ -97,6 +109,31 @@ def _check(spec: RegistrySpec, marks: Marks, source: str) -> list[Problem]:
         for name in spec.upstreams
         if not re.fullmatch(_NAME, name)
     ]
+    for name, u in spec.upstreams.items():
+        fixed = u.host is not None and u.port is not None and u.service is None
+        discovered = u.service is not None and u.host is None and u.port is None
+        if fixed or discovered:
+            continue
+        out.append(
+            at(
+                marks,
+                source,
+                ("upstreams", name),
+                f"upstream {name!r} needs either host and port, or service",
+                "give host and port for a fixed address, or service for a Consul service",
+            )
+        )
+    for name, u in spec.upstreams.items():
+        if u.service is not None and not services:
+            out.append(
+                at(
+                    marks,
+                    source,
+                    ("upstreams", name, "service"),
+                    f"upstream {name!r} names a Consul service, but the registry is a file",
+                    "set ZTGATE_REGISTRY_SOURCE=consul, or give host and port",
+                )
+            )
     for mname, model in spec.models.items():
         if not re.fullmatch(_NAME, mname):
             out.append(
@@ -195,18 +232,28 @@ class Registry:
 
     spec: RegistrySpec
     revision: str
+    # Set when the snapshot cannot be vouched for (its source is unreachable, or none was ever
+    # read): the route filter then applies `fail_mode.consul`.
+    problem: str | None = None
 
     @classmethod
     def from_yaml(cls, text: str, source: str = "<registry>") -> Registry:
-        """Validate registry YAML; RegistryError lists every problem as file:line:column."""
+        """Validate registry YAML; RegistryError lists every problem as file:line:column.
+
+        Upstreams may name a Consul service only when the source is Consul (`consul:<key>`).
+        """
         try:
             spec, marks = validate(RegistrySpec, text, source)
         except ConfigError as exc:
             raise RegistryError(exc.problems) from None
-        problems = _check(spec, marks, source)
+        problems = _check(spec, marks, source, services=source.startswith("consul:"))
         if problems:
             raise RegistryError(problems)
         return cls(spec, hashlib.sha256(text.encode()).hexdigest()[:12])
+
+    def with_problem(self, problem: str, revision: str | None = None) -> Registry:
+        """The same snapshot, marked as not vouched for."""
+        return dataclasses.replace(self, problem=problem, revision=revision or self.revision)
 
     @classmethod
     def load(cls, path: Path) -> Registry:

@@ -45,6 +45,14 @@ class Settings:
     worker_host: str = "127.0.0.1"
     worker_ports: tuple[int, ...] = (50051, 50052)
     registry_file: Path = _PACKAGE_DEFAULTS / "registry.yaml"
+    # Where the registry comes from: `file` (registry_file, the embedded default) or `consul` (the
+    # document under consul_key in Consul's KV store, followed with blocking queries). Past
+    # consul_stale_s without an answer from Consul, `fail_mode.consul` decides (gateway/consul.py).
+    registry_source: str = "file"
+    consul_url: str = "http://127.0.0.1:8500"
+    consul_key: str = "ztgate/registry"
+    consul_token_file: Path | None = None
+    consul_stale_s: float = 15.0
     keys_file: Path = _PACKAGE_DEFAULTS / "keys.yaml"
     # Per-phase budget for the Python chain, and Envoy's message_timeout above it.
     phase_budget_s: float = 1.0
@@ -94,6 +102,13 @@ class Settings:
             worker_host=e.get("ZTGATE_WORKER_HOST", cls.worker_host),
             worker_ports=ports,
             registry_file=Path(e.get("ZTGATE_REGISTRY_FILE", str(cls.registry_file))),
+            registry_source=e.get("ZTGATE_REGISTRY_SOURCE", cls.registry_source),
+            consul_url=e.get("ZTGATE_CONSUL_URL", cls.consul_url),
+            consul_key=e.get("ZTGATE_CONSUL_KEY", cls.consul_key),
+            consul_token_file=Path(e["ZTGATE_CONSUL_TOKEN_FILE"])
+            if e.get("ZTGATE_CONSUL_TOKEN_FILE")
+            else None,
+            consul_stale_s=_num(e, "ZTGATE_CONSUL_STALE_S", cls.consul_stale_s),
             keys_file=Path(e.get("ZTGATE_KEYS_FILE", str(cls.keys_file))),
             phase_budget_s=_num(e, "ZTGATE_PHASE_BUDGET_S", cls.phase_budget_s),
             message_timeout_s=_num(e, "ZTGATE_MESSAGE_TIMEOUT_S", cls.message_timeout_s),
@@ -132,8 +147,23 @@ class Settings:
         """Where the audit fingerprint key lives (made on first use)."""
         return self.audit_key_file or self.state_dir / "audit.key"
 
+    @property
+    def consul_token(self) -> str | None:
+        """The Consul ACL token, read from its file (None without one)."""
+        if self.consul_token_file is None:
+            return None
+        return self.consul_token_file.read_text(encoding="utf-8").strip() or None
+
     def check(self) -> None:
         """Refuse combinations that would make the gateway fail open or misbehave."""
+        if self.registry_source not in ("file", "consul"):
+            raise ValueError(f"ZTGATE_REGISTRY_SOURCE must be file or consul, got {self.registry_source!r}")
+        if not re.fullmatch(r"https?://[^/?#\s]+", self.consul_url):
+            raise ValueError(f"ZTGATE_CONSUL_URL must be http(s)://host:port, got {self.consul_url!r}")
+        if not re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", self.consul_key):
+            raise ValueError(f"ZTGATE_CONSUL_KEY must be a plain KV path, got {self.consul_key!r}")
+        if self.consul_stale_s <= 0:
+            raise ValueError("ZTGATE_CONSUL_STALE_S must be positive")
         if self.message_timeout_s <= self.phase_budget_s:
             raise ValueError("message timeout must exceed the per-phase budget, or Envoy answers first")
         if self.max_request_body_bytes > self.buffer_limit_bytes:

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from filters.chain import BuildEnv
 from filters.principal import KeyStore
-from gateway import envoy_config, metrics
+from gateway import cluster_feed, envoy_config, metrics
 from gateway.config_yaml import ConfigError
 from gateway.observability import log, setup_logging
 from gateway.policy import CompiledPolicy
@@ -53,6 +53,7 @@ class Gateway:
     procs: list[Proc] = field(default_factory=list)
     workers: list[Proc] = field(default_factory=list)
     envoy: Proc | None = None
+    feed: Proc | None = None
     # The same file the workers reload, checked here too so the admin endpoint can show what is
     # in force and why an edit was refused.
     keys: Reloadable[KeyStore] | None = None
@@ -72,6 +73,8 @@ class Gateway:
         from gateway.upstreams import tinyllama, triton
 
         for name, up in self.registry.spec.upstreams.items():
+            if up.host is None or up.port is None:
+                continue  # a Consul service: not one of ours to start
             if port_open(up.host, up.port):
                 raise StartError(f"port {up.port} for upstream {name} is already taken")
             logf = self.run_dir / "logs" / f"{name}.log"
@@ -93,8 +96,31 @@ class Gateway:
             p.wait_ready(functools.partial(http_ok, check), timeout)
             log().info("upstream_ready", upstream=name, protocol=up.protocol.value, port=up.port)
 
+    @property
+    def cds(self) -> Path | None:
+        """With the Consul registry: the CDS file the cluster feed writes and Envoy watches."""
+        if self.settings.registry_source != "consul":
+            return None
+        return self.run_dir / envoy_config.CDS_FILE
+
     def start_gateway(self, *, with_envoy: bool = True, with_workers: bool = True) -> None:
-        """Workers, then Envoy (unless Envoy runs elsewhere, as in compose, or the workers do)."""
+        """Workers, then Envoy (unless Envoy runs elsewhere, as in compose, or the workers do).
+
+        With the Consul registry, the cluster feed comes first: Envoy starts on clusters that
+        Consul named, and /readyz reads the registry's state from the feed.
+        """
+        cds = self.cds
+        if cds is not None:
+            cds.unlink(missing_ok=True)
+            cluster_feed.status_path(cds).unlink(missing_ok=True)
+            envoy_config.write_clusters(cds, [])
+            self.feed = Proc(
+                "cluster-feed",
+                [sys.executable, "-m", "gateway.cluster_feed", str(cds)],
+                self.run_dir / "logs" / "cluster-feed.log",
+            )
+            self.procs.append(self.feed.start())
+            self.feed.wait_ready(lambda: bool(cluster_feed.read_status(cds)["healthy"]), 30)
         if with_workers:
             metrics = self.run_dir / "metrics"
             shutil.rmtree(metrics, ignore_errors=True)
@@ -129,7 +155,15 @@ class Gateway:
     def readiness(self) -> dict[str, bool]:
         """Each part of readiness: Envoy, every worker, the registry."""
         s = self.settings
-        parts = {"registry": bool(self.registry.spec.upstreams)}
+        cds = self.cds
+        if cds is None:
+            parts = {"registry": bool(self.registry.spec.upstreams)}
+        else:
+            parts = {
+                "registry": self.feed is not None
+                and self.feed.alive
+                and bool(cluster_feed.read_status(cds)["healthy"])
+            }
         if self.envoy is not None:
             parts["envoy"] = self.envoy.alive and self.envoy_ready()
         for p, port in zip(self.workers, s.worker_ports, strict=True):
@@ -167,8 +201,11 @@ def admin_app(gw: Gateway) -> web.Application:
     async def readyz(_: web.Request) -> web.Response:
         parts = await asyncio.to_thread(gw.readiness)
         ok = all(parts.values())
+        cds = gw.cds
         files: dict[str, object] = {
             "registry": {"path": str(gw.settings.registry_file), "revision": gw.registry.revision}
+            if cds is None
+            else await asyncio.to_thread(cluster_feed.read_status, cds)
         }
         for name, f in (("keys", gw.keys), ("policy", gw.policy)):
             if f is not None:
@@ -269,7 +306,12 @@ async def _run(gw: Gateway, demo: bool, on_ready: Callable[[], None]) -> int:
 
 
 def up(
-    settings: Settings, *, demo: bool, envoy: bool = True, on_ready: Callable[[], None] = lambda: None
+    settings: Settings,
+    *,
+    demo: bool,
+    envoy: bool = True,
+    workers: bool = True,
+    on_ready: Callable[[], None] = lambda: None,
 ) -> int:
     """Run the gateway in the foreground until Ctrl-C/SIGTERM; returns the exit code."""
     setup_logging(settings.log_level)
@@ -296,7 +338,7 @@ def up(
     try:
         if demo:
             gw.start_demo_upstreams()
-        gw.start_gateway(with_envoy=envoy)
+        gw.start_gateway(with_envoy=envoy, with_workers=workers)
         return asyncio.run(_run(gw, demo, on_ready))
     except StartError as exc:
         log().error("start_failed", error=str(exc))

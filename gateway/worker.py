@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import uvloop
 from filters.chain import BuildEnv, Chain
 from gateway.audit import WRITER_ENGINE, AuditError, ChainWriter, now
 from gateway.config_yaml import ConfigError
+from gateway.consul import Consul, ConsulRegistry
 from gateway.extproc.server import ExtProcServer, serve
 from gateway.metrics import Metrics
 from gateway.observability import log, setup_logging
@@ -30,11 +32,9 @@ from gateway.settings import Settings
 async def _main(port: int) -> None:
     settings = Settings.from_env()
     setup_logging(settings.log_level)
-    registry = Registry.load(settings.registry_file)
     metrics = Metrics()
     env = BuildEnv(settings, instance=f"w{port}")
     policy = source_for(env, metrics.record)
-    impl = ExtProcServer(lambda: policy.current, lambda: registry, settings.phase_budget_s, metrics)
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -42,10 +42,13 @@ async def _main(port: int) -> None:
     writer = _writer(env)
     if writer is not None:
         writer.open()  # a damaged chain refuses the start, not the first request
-    log().info("worker_start", port=port, registry=registry.revision)
+    registry, follower = await _registry(settings, env)
+    impl = ExtProcServer(lambda: policy.current, registry, settings.phase_budget_s, metrics)
+    reg_revision = registry().revision
+    log().info("worker_start", port=port, registry=reg_revision)
     _announce(policy.current.chain)
     # The chain proves which configuration was in force: every start, reload and refused edit.
-    _audit_config(env, "worker_start", policy=policy.current.revision, registry=registry.revision, port=port)
+    _audit_config(env, "worker_start", policy=policy.current.revision, registry=reg_revision, port=port)
 
     def reloaded(f: Reloadable[Any]) -> None:
         log().info("file_reloaded", path=str(f.path), revision=f.revision)
@@ -68,7 +71,7 @@ async def _main(port: int) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await serve(impl, settings.worker_host, port)
     finally:
-        for task in (flusher, watcher, anchor):
+        for task in (flusher, watcher, anchor, follower):
             if task is not None:
                 task.cancel()
         if mdir is not None:
@@ -76,6 +79,35 @@ async def _main(port: int) -> None:
         await impl.drain()
         _log_audit_head(env)
         await env.close()
+
+
+async def _registry(
+    settings: Settings, env: BuildEnv
+) -> tuple[Callable[[], Registry], asyncio.Task[None] | None]:
+    """The registry snapshot each request routes on, and the task that follows Consul (if it is the source)."""
+    if settings.registry_source == "file":
+        registry = Registry.load(settings.registry_file)
+        return (lambda: registry), None
+
+    def changed(src: ConsulRegistry) -> None:
+        log().info("registry_loaded", source=src.source, revision=src.revision)
+        _audit_config(env, "registry_loaded", source=src.source, revision=src.revision)
+
+    def refused(src: ConsulRegistry) -> None:
+        log().error(
+            "registry_refused_keeping_last_good", source=src.source, kept=src.revision, error=src.last_error
+        )
+        _audit_config(env, "registry_refused", source=src.source, kept=src.revision, error=src.last_error)
+
+    consul = Consul(settings.consul_url, settings.consul_token)
+    source = ConsulRegistry(consul, settings.consul_key, settings.consul_stale_s, changed, refused)
+    follower = asyncio.create_task(source.run())
+    # Serve either way: until a document is read, every request is refused with 503.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(source.loaded.wait(), 10.0)
+    if not source.loaded.is_set():
+        log().error("registry_unavailable", source=source.source, error=source.last_error)
+    return (lambda: source.current), follower
 
 
 def _announce(chain: Chain) -> None:

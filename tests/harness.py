@@ -183,12 +183,15 @@ class GatewayEnv:
             client.close()
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """Run `ztgate ARGS` as an operator would, against this gateway's Redis keys and audit chains."""
+        """Run `ztgate ARGS` as an operator would, against this gateway's Redis keys, audit chains and Consul."""
+        s = self.settings
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "ZTGATE_REDIS_PREFIX": self.settings.redis_prefix,
-            "ZTGATE_AUDIT_DIR": str(self.settings.audit_path),
-            "ZTGATE_AUDIT_KEY_FILE": str(self.settings.audit_key_path),
+            "ZTGATE_REDIS_PREFIX": s.redis_prefix,
+            "ZTGATE_AUDIT_DIR": str(s.audit_path),
+            "ZTGATE_AUDIT_KEY_FILE": str(s.audit_key_path),
+            "ZTGATE_CONSUL_URL": s.consul_url,
+            "ZTGATE_CONSUL_KEY": s.consul_key,
         }
         return subprocess.run(
             [sys.executable, "-m", "gateway.cli", *args],

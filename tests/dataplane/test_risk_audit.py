@@ -157,7 +157,12 @@ def test_five_tuple_for_whole_and_streamed_answers_without_text(
             "roles": ["user"],
         }
         assert rec["response"]["fingerprint"] == audit.fingerprint(key, "the answer")
-        assert rec["model"] == {"ref": "open@1", "hash": "abc123", "upstream": "up_v"}
+        assert rec["model"] == {
+            "ref": "open@1",
+            "hash": "abc123",
+            "upstream": "up_v",
+            "registry": env.gw.registry.revision,
+        }
         assert rec["principal"] == {"tenant": "acme", "user": "alice", "key_id": "k1"}
         assert rec["decision"]["outcome"] == "allowed" and rec["decision"]["status"] == 200
         assert rec["decision"]["upstream_error"] is None

@@ -126,7 +126,12 @@ def test_fingerprint_record_holds_no_text(tmp_path: Path) -> None:
         "roles": ["user"],
     }
     assert rec["response"]["fingerprint"] == audit.fingerprint(KEY, "hello there")
-    assert rec["model"] == {"ref": "m@1", "hash": "abc123", "upstream": "up_v"}
+    assert rec["model"] == {
+        "ref": "m@1",
+        "hash": "abc123",
+        "upstream": "up_v",
+        "registry": ctx.registry.revision,
+    }
     assert (rec["trace_id"], rec["traceparent"]) == (
         "rid-1",
         "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",

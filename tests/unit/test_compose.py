@@ -51,9 +51,23 @@ def test_only_the_client_listener_is_published(compose: dict[str, Any]) -> None:
 
 
 def test_one_envoy_config_source(compose: dict[str, Any]) -> None:
-    cmd = " ".join(compose["services"]["envoy"]["command"])
-    assert "ztgate envoy-config" in cmd and "envoy -c" in cmd
+    # Envoy runs under `ztgate up`, which renders its bootstrap as local runs do (and, with the
+    # Consul registry, supervises the cluster feed beside it).
+    envoy = compose["services"]["envoy"]
+    assert envoy["command"] == ["up", "--no-demo", "--no-workers"]
+    assert "entrypoint" not in envoy  # the image's: ztgate
+    assert 'ENTRYPOINT ["ztgate"]' in (ROOT / "Dockerfile").read_text()
     assert not list(ROOT.glob("deploy/**/envoy*.y*ml"))
+
+
+def test_registry_comes_from_consul_seeded_once(compose: dict[str, Any]) -> None:
+    for name in ("envoy", "gateway"):
+        env = compose["services"][name]["environment"]
+        assert env["ZTGATE_REGISTRY_SOURCE"] == "consul"
+        assert env["ZTGATE_CONSUL_URL"] == "http://consul:8500"
+    gw = compose["services"]["gateway"]
+    assert gw["depends_on"]["consul"] == {"condition": "service_healthy"}
+    assert "ztgate registry push --if-absent /etc/ztgate/registry.yaml && exec ztgate up" in gw["command"][0]
 
 
 def test_compose_registry_is_valid() -> None:
