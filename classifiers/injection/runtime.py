@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from classifiers.invisible import FOLD
+from classifiers.lookalike import STYLED, unmask
 
 
 class ModelError(ValueError):
@@ -79,6 +80,7 @@ def _reading_table() -> dict[int, str | None]:
         table.update({cp: chr(cp - 0xFEE0) for cp in range(start, end + 1)})
     for cp in (0x00A0, *range(0x2000, 0x200B), 0x202F, 0x205F, 0x3000):
         table[cp] = " "
+    table.update(STYLED)
     return table
 
 
@@ -87,9 +89,10 @@ _READING = _reading_table()
 
 def reading_form(text: str) -> str:
     """The text as the classifier reads it: invisible characters folded (classifiers.invisible),
-    fullwidth letters and odd spaces as ASCII. Only what is scored; the upstream gets the text
-    as it was sent."""
-    return text.translate(_READING)
+    fullwidth and styled letters and odd spaces as ASCII, look-alike letters in Latin words as
+    Latin and spelled-out words joined (classifiers.lookalike). Only what is scored; the upstream
+    gets the text as it was sent."""
+    return unmask(text.translate(_READING))
 
 
 def text_key(text: str) -> str:

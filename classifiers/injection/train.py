@@ -188,8 +188,8 @@ def _mlm_stamp(tok: Any, texts: Sequence[str], recipe: Recipe) -> str:
     import hashlib
 
     what = [tok.to_str(), list(texts), recipe.seed, recipe.max_length, recipe.mlm_steps, recipe.mlm_batch]
-    # "reading-form-1": the encoder reads texts through runtime.reading_form.
-    return hashlib.sha256(json.dumps([*what, recipe.mlm_lr, ARCH, "reading-form-1"]).encode()).hexdigest()
+    # "reading-form-2": the encoder reads texts through runtime.reading_form (2: look-alikes, classifiers.lookalike).
+    return hashlib.sha256(json.dumps([*what, recipe.mlm_lr, ARCH, "reading-form-2"]).encode()).hexdigest()
 
 
 def _update(torch: Any, model: Any, opt: Any, sched: Any, loss: Any, *, seen: float | None) -> float:
