@@ -31,10 +31,7 @@ from filters.base import (
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
 from gateway.policy import Action, subject
-from gateway.registry import Protocol, parse_ref
-
-# Mirrors gateway.consul.NO_REGISTRY (importing it would pull the Consul client into every chain).
-_NO_REGISTRY = "none"
+from gateway.registry import NO_REGISTRY, Protocol, parse_ref
 
 UPSTREAM_HEADER = "x-ztgate-upstream"
 _NOT_FOUND = Deny(404, ErrorCode.MODEL_NOT_FOUND, "the model does not exist or is not available to you")
@@ -66,7 +63,7 @@ class RegistryRoute(BaseFilter):
     def _route(self, ctx: RequestContext, p: Prompt) -> Decision:
         reg = ctx.registry
         if reg.problem is not None:
-            if reg.revision == _NO_REGISTRY:
+            if reg.revision == NO_REGISTRY:
                 # Nothing was ever read, so there is no last good snapshot to fall back on.
                 ctx.verdicts.append(Verdict(self.name, "fail_mode", "deny", 0.0, "consul_failed=no_registry"))
                 return _UNAVAILABLE

@@ -34,7 +34,7 @@ from urllib.parse import quote
 import aiohttp
 
 from gateway.observability import log
-from gateway.registry import Registry, RegistryError
+from gateway.registry import NO_REGISTRY, Registry, RegistryError
 
 T = TypeVar("T")
 Endpoint = tuple[str, int]
@@ -189,12 +189,12 @@ async def follow(
         delay = min(delay * 2, _BACKOFF_MAX_S)
 
 
-NO_REGISTRY = "none"
+_EMPTY = Registry.from_yaml("upstreams: {}\nmodels: {}\n", "<none>")
 
 
 def unavailable(problem: str) -> Registry:
     """What requests see before any registry was read: nothing to route to, and why."""
-    return Registry.from_yaml("upstreams: {}\nmodels: {}\n", "<none>").with_problem(problem, NO_REGISTRY)
+    return _EMPTY.with_problem(problem, NO_REGISTRY)
 
 
 class ConsulRegistry:

@@ -190,6 +190,10 @@ def _one_of(value: str, choices: list[str]) -> str:
     return f"did you mean {close[0]!r}?" if close else f"defined upstreams: {', '.join(sorted(choices))}"
 
 
+# The revision of the snapshot requests see before any registry was read (Consul source).
+NO_REGISTRY = "none"
+
+
 @dataclass(frozen=True, slots=True)
 class ModelRef:
     """A parsed model reference."""

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 import yaml
 
-from gateway.consul import NO_REGISTRY, Consul, ConsulError, ConsulRegistry, EndpointFeed, Endpoints, follow
-from gateway.registry import Protocol, Registry, RegistryError, parse_ref
+from gateway.consul import Consul, ConsulError, ConsulRegistry, EndpointFeed, Endpoints, follow
+from gateway.registry import NO_REGISTRY, Protocol, Registry, RegistryError, parse_ref
 from tests.consul_double import ConsulDouble
 
 KEY = "ztgate/registry"
