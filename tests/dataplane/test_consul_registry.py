@@ -184,6 +184,11 @@ def test_consul_outage_fails_closed_and_policy_may_route_on_last_good(
 
         # The security team chooses availability for this outage: last good snapshot, flagged.
         (tmp_path / "policy.yaml").write_text(POLICY.format(mode="allow_with_flag"))
+        # Each worker reloads on its own: wait for both before asserting on any request.
+        until(
+            lambda: sum(rec["path"].endswith("policy.yaml") for rec in env.audit("file_loaded")) >= 2,
+            what="both workers reloaded the policy",
+        )
         until(lambda: chat(env, "m").status_code == 200, what="routed on the last good registry")
         r = chat(env, "m")
         assert r.status_code == 200 and up_a.requests[-1].path == "/v1/chat/completions"
