@@ -22,6 +22,7 @@ from classifiers.invisible import FOLD
 from classifiers.pii.recognizers import (
     BUILTIN_ENTITIES,
     PERSON,
+    SPELLED_AT,
     PatternRecognizer,
     PersonRecognizer,
     ZtRecognizer,
@@ -145,9 +146,9 @@ def normalize(text: str) -> tuple[str, list[int] | None]:
 # phone number before the ID is replaced, nor after (redaction stays idempotent).
 _PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*(?::[0-9a-f]{10})?>|\[REDACTED\]")
 
-# Every built-in entity contains a digit, an '@' (e-mail) or a ':' (IPv6): text without any
-# of them skips analysis altogether, which is most streamed prose.
-_MAYBE_PII = re.compile(r"[0-9@:]")
+# Every built-in entity contains a digit, an '@' (e-mail, or spelled `[at]`) or a ':' (IPv6):
+# text without any of them skips analysis altogether, which is most streamed prose.
+_MAYBE_PII = re.compile(rf"[0-9@:]|{SPELLED_AT}")
 
 
 class PiiEngine:

@@ -259,13 +259,25 @@ class CardRecognizer(ZtRecognizer):
             yield Finding(m.start(), m.end(), entity, score)
 
 
+# Spelled-out separators (`john [at] example [dot] com`, `(AT)`, `{dot}`) and the full-width full
+# stop, which stays as it is (Chinese punctuation, engine.normalize) but types `ｅｘａｍｐｌｅ．ｃｏｍ`.
+# Shared with the engine's prefilter and the stream's hold-back, which must read them alike.
+SPELLED_AT = r"[\[({][ \t]{0,3}[Aa][Tt][ \t]{0,3}[\])}]"
+SPELLED_DOT = r"[\[({][ \t]{0,3}[Dd][Oo][Tt][ \t]{0,3}[\])}]"
+EMAIL_RUN = "A-Za-z0-9._%+\\-\uff0e"  # what the words between the separators are made of
+_EMAIL_AT = rf"(?:@|[ \t]{{0,3}}{SPELLED_AT}[ \t]{{0,3}})"
+_EMAIL_DOT = rf"(?:[.\uff0e]|[ \t]{{0,3}}{SPELLED_DOT}[ \t]{{0,3}})"
+
+
 class EmailRecognizer(ZtRecognizer):
-    """E-mail addresses, bounded by anything that cannot belong to one (Han characters too)."""
+    """E-mail addresses, bounded by anything that cannot belong to one (Han characters too),
+    also with the `@` and the dots spelled out in brackets or typed full-width."""
 
     ENTITIES = (EMAIL_ADDRESS,)
     _RE = re.compile(
-        r"(?<![A-Za-z0-9._%+\-])[A-Za-z0-9_%+\-](?:[A-Za-z0-9._%+\-]{0,62}[A-Za-z0-9_%+\-])?"
-        r"@(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![A-Za-z0-9\-])"
+        rf"(?<![{EMAIL_RUN}])[A-Za-z0-9_%+\-](?:[{EMAIL_RUN}]{{0,62}}[A-Za-z0-9_%+\-])?"
+        rf"{_EMAIL_AT}(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{{0,61}}[A-Za-z0-9])?{_EMAIL_DOT})+"
+        r"[A-Za-z]{2,24}(?![A-Za-z0-9\-])"
     )
 
     def scan(self, text: str) -> Iterator[Finding]:

@@ -17,10 +17,17 @@ from dataclasses import dataclass, field
 
 from classifiers.invisible import FOLD
 from classifiers.pii.engine import PiiEngine, Replacer, Span, apply, normalize
-from classifiers.pii.recognizers import CONTEXT_WINDOW, MAX_ENTITY_CHARS
+from classifiers.pii.recognizers import (
+    CONTEXT_WINDOW,
+    EMAIL_RUN,
+    MAX_ENTITY_CHARS,
+    SPELLED_AT,
+    SPELLED_DOT,
+)
 
 # Characters an entity can be made of (after NFKC), and the gaps allowed between digit groups.
-_ENTITY_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ@._%+-:()/#_")
+# The full-width full stop too: it stays as it is (Chinese punctuation) but is a dot in an e-mail.
+_ENTITY_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ@._%+-:()/#_\uff0e")
 # An unbroken run of such characters (a hash, base64, a long number) is held until it ends, up
 # to this many characters; past that it is released in parts, and an entity that only a later
 # replacement next to it would expose can then slip out (documented in docs/pii.md).
@@ -68,7 +75,66 @@ def safe_cut(text: str, names: tuple[str, ...] = ()) -> int:
         if k == j or not grows or len(text) - k > MAX_ENTITY_CHARS:
             break
         i = k
+    spelled = _spelled_email_start(text)
+    if spelled is not None:
+        i = min(i, spelled)
     return max(i, len(text) - HOLD_LIMIT)
+
+
+# An e-mail address with its separators spelled out (`john [at] example [dot] com`) has spaces
+# and brackets in it, which end the runs held above: while one may still be arriving (the text
+# ends inside or after such a separator), it is held from its first word.
+_SPELLED_MAX = 320  # characters: a whole address (254) with its separators
+_SEPARATOR = f"(?:{SPELLED_AT}|{SPELLED_DOT})"
+# From the last opening bracket to the end: a separator, then maybe a word; or a separator begun.
+_SPELLED_TAIL = re.compile(
+    rf"{_SEPARATOR}[ \t]{{0,3}}[{EMAIL_RUN}]*[ \t]{{0,3}}|[\[({{][ \t]{{0,3}}(?:[Aa][Tt]?|[Dd](?:[Oo][Tt]?)?)?[ \t]{{0,3}}"
+)
+_SEPARATOR_BEFORE = re.compile(rf"{_SEPARATOR}[ \t]{{0,3}}\Z")
+_RUN_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._%+-\uff0e")
+
+
+def _spelled_email_start(text: str) -> int | None:
+    """Where a spelled-out e-mail address that may still be arriving starts, or None."""
+    low = max(0, len(text) - _SPELLED_MAX)
+    if not text.endswith((" ", "\t", "\u3000")) and not any(c in text[low:] for c in "[({［（｛"):
+        return None
+    seg, back = normalize(text[low:])  # full-width `［ａｔ］` is read as `[at]`, as the recognizer does
+    start = _spelled_start(seg)
+    if start is None:
+        return None
+    return low + (back[start] if back is not None else start)
+
+
+def _spelled_start(s: str) -> int | None:
+    p = max(s.rfind(c) for c in "[({")
+    if p < 0 or not _SPELLED_TAIL.fullmatch(s, p):
+        # A word and a space at the very end: its `[at]` may come next.
+        p = len(s)
+        while p > 0 and s[p - 1] in " \t" and len(s) - p < 3:
+            p -= 1
+        if p == len(s):
+            return None
+        k = p
+        while k > 0 and s[k - 1] in _RUN_CHARS:
+            k -= 1
+        return k if k < p else None
+    start = None
+    sep = p  # the separator whose word before it is looked for
+    while True:
+        j = sep
+        while j > 0 and s[j - 1] in " \t" and sep - j < 3:
+            j -= 1
+        k = j
+        while k > 0 and s[k - 1] in _RUN_CHARS:
+            k -= 1
+        if k == j:  # no word before the separator: not an address (or not this far back)
+            return start
+        start = k
+        m = _SEPARATOR_BEFORE.search(s, max(0, k - 16), k)
+        if m is None:
+            return start
+        sep = m.start()
 
 
 _HAN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")

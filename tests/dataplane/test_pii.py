@@ -140,9 +140,12 @@ def _stream_through(
 @pytest.mark.parametrize("seed", [1, 2])
 def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed: int) -> None:
     c, oai, _ = client
-    text = f"您的身份证号是{ID}，银行卡{synth.grouped(CARD)}，请拨打{MOBILE}。Thanks!"
+    text = (
+        f"您的身份证号是{ID}，银行卡{synth.grouped(CARD)}，请拨打{MOBILE}。"
+        "Mail zhang.san [at] example [dot] com or ｌｉ＿ｓｉ＠ｑｑ．ｃｏｍ. Thanks!"
+    )
     rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(1, len(text)), 12))
+    cuts = sorted(rng.sample(range(1, len(text)), 16))
     pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
     events = [
         {"id": "s", "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in pieces
@@ -150,8 +153,11 @@ def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed
     events.append({"id": "s", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     got, datas = _stream_through(c, oai, events, rng, 20)
     content = "".join(json.loads(d)["choices"][0]["delta"].get("content", "") for d in datas[:-1])
-    assert content == "您的身份证号是<CN_RESIDENT_ID>，银行卡<CREDIT_CARD>，请拨打<CN_MOBILE>。Thanks!"
-    for secret in (ID, CARD[:8], MOBILE):
+    assert content == (
+        "您的身份证号是<CN_RESIDENT_ID>，银行卡<CREDIT_CARD>，请拨打<CN_MOBILE>。"
+        "Mail <EMAIL_ADDRESS> or <EMAIL_ADDRESS>. Thanks!"
+    )
+    for secret in (ID, CARD[:8], MOBILE, "zhang", "example", "ｌｉ"):
         assert secret.encode() not in got
 
 

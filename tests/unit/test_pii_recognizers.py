@@ -45,6 +45,13 @@ POSITIVE = [
     (f"卡号：{synth.grouped(BANK)}", "CN_BANK_CARD", synth.grouped(BANK)),
     (f"信用卡号{VISA}", "CREDIT_CARD", VISA),
     ("邮箱zhang.san@example.com谢谢", "EMAIL_ADDRESS", "zhang.san@example.com"),
+    # Full-width (the full stop `．` is kept as Chinese punctuation, yet is a dot here) and the
+    # separators spelled out, as people write an address to keep it from scrapers.
+    ("邮箱ｚｈａｎｇ．ｓａｎ＠ｅｘａｍｐｌｅ．ｃｏｍ谢谢", "EMAIL_ADDRESS", "ｚｈａｎｇ．ｓａｎ＠ｅｘａｍｐｌｅ．ｃｏｍ"),
+    ("write to john.doe [at] example [dot] com today", "EMAIL_ADDRESS", "john.doe [at] example [dot] com"),
+    ("j_doe(at)mail(dot)example.org", "EMAIL_ADDRESS", "j_doe(at)mail(dot)example.org"),
+    ("Contact: J.Doe {AT} corp {DOT} co {DOT} uk.", "EMAIL_ADDRESS", "J.Doe {AT} corp {DOT} co {DOT} uk"),
+    ("邮箱zhang（at）qq．com谢谢", "EMAIL_ADDRESS", "zhang（at）qq．com"),
     ("IP地址192.168.10.23无法访问", "IP_ADDRESS", "192.168.10.23"),
     ("IPv6地址2001:db8:85a3::8a2e:370:7334不通", "IP_ADDRESS", "2001:db8:85a3::8a2e:370:7334"),
     (f"IBAN {IBAN} please", "IBAN_CODE", IBAN),
@@ -93,6 +100,9 @@ NEAR_MISSES = [
     "Mrs. Karen Suite 680 36 4022 Oakridge",  # spaced 3-2-4 address numbers are not an SSN
     "std::vector<int> and a::b",
     "tell me 3/23/1940",
+    "meet me (at) noon, or [at] 3pm",  # a spelled `at` without a domain after it
+    "see you at example dot com",  # bare words are not read as separators (too common in prose)
+    "句号．结束",
     "",
 ]
 

@@ -12,6 +12,7 @@ import json
 import random
 from collections.abc import Callable
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,7 +48,18 @@ _VALUES: list[Callable[[random.Random], str]] = [
     # digits"): the client sees the number whole, so it must be found whole.
     lambda r: _hide(synth.cn_id(r), r),
     lambda r: _hide(synth.card(r), r),
+    # An address with its separators spelled out or typed full-width: spaces and brackets end
+    # the runs of entity characters that are held back, so these need their own hold.
+    lambda r: _spell(synth.email(r), r),
 ]
+
+
+def _spell(address: str, r: random.Random) -> str:
+    user, domain = address.split("@")
+    at, dot = r.choice(
+        ((" [at] ", " [dot] "), ("(at)", "(dot)"), (" (AT) ", "."), ("＠", "．"), ("［ａｔ］", "．"))
+    )
+    return user + at + domain.replace(".", dot)
 
 
 def _hide(value: str, r: random.Random) -> str:
@@ -113,11 +125,34 @@ def test_an_invisible_character_inside_a_number_does_not_end_its_hold_back() -> 
     assert out == "身份证 <CN_RESIDENT_ID> ok"
 
 
+@pytest.mark.parametrize(
+    "address",
+    [
+        "john.doe [at] example [dot] com",
+        "john.doe (AT) mail (DOT) example.org",
+        "ｊｏｈｎ．ｄｏｅ＠ｅｘａｍｐｌｅ．ｃｏｍ",
+    ],
+)
+def test_a_spelled_out_address_never_leaks_a_part_for_any_two_cuts(address: str) -> None:
+    text = f"Mail me: {address}, or ring (at) noon. 谢谢"
+    whole, spans = ENGINE.redact(text, TYPED)
+    assert whole == "Mail me: <EMAIL_ADDRESS>, or ring (at) noon. 谢谢" and len(spans) == 1
+    for a in range(len(text) + 1):
+        for b in range(a, len(text) + 1):
+            red = StreamRedactor(ENGINE, TYPED)
+            out = "".join(red.push("c", d) for d in (text[:a], text[a:b], text[b:])) + red.flush("c")
+            assert out == whole, (a, b)
+
+
 def test_hold_back_is_small_and_prose_flows() -> None:
     assert safe_cut("你好，世界") == len("你好，世界")  # Chinese prose: nothing held
     assert safe_cut("call me at 138") == len("call me at ")  # digits that may grow into a number
     assert safe_cut("card 6222 0212 ") == len("card ")  # digit groups of one grouped number
     assert safe_cut("hello wor") == len("hello ")  # the last word (could become an e-mail)
+    assert safe_cut("hello world ") == len("hello ")  # its `[at]` may come next
+    assert safe_cut("hello world\n") == len("hello world\n")  # not across a line
+    assert safe_cut("mail john [a") == safe_cut("mail john [at] exa") == len("mail ")
+    assert safe_cut("see the [docs") == len("see the [")  # a bracket that spells nothing is released
     assert safe_cut("li_si@exam") == 0  # e-mail characters, underscore included
     digits = "a " + " ".join("1234567890" * 4)  # spaced digits: bridged back one entity length only
     assert 60 <= len(digits) - safe_cut(digits) <= 64
