@@ -2,7 +2,9 @@
 
 An attacker keeps an instruction legible while changing every token a classifier sees:
 - letters from another script that look Latin (Cyrillic `о`, Greek `ο` inside "ignоre"): folded
-  to the Latin letter, but only inside a word that also holds Latin letters, so Russian or Greek
+  to the Latin letter inside a word that also holds Latin letters, and in words made of them
+  alone ("СОРУ", "ОВЕУ") where the text is Latin (its other Cyrillic and Greek letters, those
+  that look like no Latin one, are fewer than a fifth of its Latin letters), so Russian or Greek
   text is read as written;
 - styled letters (mathematical bold or script `𝐢𝐠𝐧𝐨𝐫𝐞`, circled `ⓘⓖⓝ`, small capitals `ɪɢɴ`):
   always folded to ASCII, which is all they are;
@@ -59,11 +61,33 @@ _MARKS = re.compile(rf"(?<=[A-Za-z]){_MARK_CLASS}+")
 _SPELLED = re.compile(r"(?<![^\W\d_])[^\W\d_]([ .\-_*·/|])(?:[^\W\d_]\1)+[^\W\d_](?![^\W\d_])")
 
 
+# Cyrillic and Greek letters that look like no Latin letter: the text really is in that script.
+_OWN_LETTER = re.compile(
+    "[^\\W\\d_"
+    + _CONF_CLASS
+    + "\u0000-\u036f\u0530-\U0010ffff]"  # i.e. the Greek and Cyrillic blocks, U+0370-U+052F
+)
+
+
 def _fold_mixed(m: re.Match[str]) -> str:
     word = m.group()
     if word.isascii() or not _LATIN.search(word):
         return word
     return word.translate(CONFUSABLE)
+
+
+def _fold_lookalike(m: re.Match[str]) -> str:
+    """In Latin text: also a word of look-alikes alone (a word with letters of its own script is
+    that script's word and is kept)."""
+    word = m.group()
+    if word.isascii() or (not _LATIN.search(word) and _OWN_LETTER.search(word)):
+        return word
+    return word.translate(CONFUSABLE)
+
+
+def _latin_text(text: str) -> bool:
+    latin = len(_LATIN.findall(text))
+    return latin > 0 and 5 * len(_OWN_LETTER.findall(text)) < latin
 
 
 def _join(m: re.Match[str]) -> str:
@@ -76,5 +100,5 @@ def unmask(text: str) -> str:
         if _ANY_MARK.search(text):
             text = _MARKS.sub("", text)
         if _ANY_CONFUSABLE.search(text):
-            text = _WORD.sub(_fold_mixed, text)
+            text = _WORD.sub(_fold_lookalike if _latin_text(text) else _fold_mixed, text)
     return _SPELLED.sub(_join, text)
