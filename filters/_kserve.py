@@ -7,6 +7,7 @@ with status 200 as `{"error": ...}`.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -234,12 +235,32 @@ def parameter_slots(doc: Any) -> list[Slot]:
     return [Slot(("parameter", k), params, k) for k, v in params.items() if isinstance(v, str)]
 
 
+# A request id is metadata the model server logs and echoes, never reads as text: an identifier.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{0,128}")
+
+
+def non_text_outputs(doc: Any) -> list[tuple[str, str]]:
+    """(name, datatype) of a validated infer answer's outputs that are not BYTES (token ids,
+    scores): the gateway cannot read them as text."""
+    outputs = doc.get("outputs") if isinstance(doc, dict) else None
+    if not isinstance(outputs, list):
+        return []
+    return [
+        (t["name"], str(t.get("datatype")))
+        for t in outputs
+        if isinstance(t, dict) and t.get("datatype") != "BYTES"
+    ]
+
+
 def parse_request(kp: KPath, body: bytes, header_length: str | None) -> Prompt:
     """Validate an infer/generate body and extract its text; ProtocolError if malformed."""
     json_part, binary = split_binary(body, header_length, "request body")
     doc = strict_json(json_part)
     if not isinstance(doc, dict):
         raise bad("request body must be a JSON object")
+    rid = doc.get("id")
+    if rid is not None and not (isinstance(rid, str) and _REQUEST_ID.fullmatch(rid)):
+        raise bad("'id' must be an identifier: letters, digits and . _ : - (at most 128)")
     segments: list[Segment] = []
     if kp.op == INFER:
         tensors, used = _tensors(doc.get("inputs"), binary, "inputs", strict=True)

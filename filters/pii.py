@@ -93,6 +93,11 @@ class PiiParams(BaseModel):
     mode: Literal["enforce", "monitor"] = Field(
         default="enforce", description="monitor: find and record, but change nothing (dry run)."
     )
+    non_text_outputs: Literal["deny", "pass"] = Field(
+        default="deny",
+        description="A KServe infer answer with outputs that are not BYTES (token ids, scores) while "
+        "answers are redacted: deny (502, the gateway cannot read them) or pass them unread.",
+    )
     phone_regions: list[str] = Field(
         default_factory=lambda: ["US", "CN"],
         description="Regions whose national phone formats are recognized (ISO 3166 codes).",
@@ -175,6 +180,7 @@ class PiiRedactor(BaseFilter):
         self.request = params.request
         self.response = params.response
         self.monitor = params.mode == "monitor"
+        self.deny_non_text = params.non_text_outputs == "deny"
 
     def _state(self, ctx: RequestContext) -> _State:
         st = ctx.state.get(self.name)
@@ -268,6 +274,16 @@ class PiiRedactor(BaseFilter):
             return CONTINUE
         if not end or answer.document is None or answer.upstream_error:
             return CONTINUE
+        if p.protocol is Protocol.KSERVE_V2 and p.operation == _kserve.INFER and self.deny_non_text:
+            unread = _kserve.non_text_outputs(answer.document)
+            if unread:
+                name, datatype = unread[0]
+                return Deny(
+                    502,
+                    ErrorCode.UPSTREAM_BAD_RESPONSE,
+                    f"the model's output {name!r} is {datatype}, not text: the gateway cannot check it "
+                    "for personal data",
+                )
         fix = self._fixer(st, "response")
         size = sum(len(answer.text(i)) for i in answer.choices)
         # Most answers hold no PII: then the upstream's bytes go on untouched.

@@ -33,6 +33,7 @@ chain:
     request: true
     response: true
     replacement: entity
+    non_text_outputs: pass  # the binary-tensor test sends an INT32 output through (the default denies)
     patterns:
       - {entity: EMPLOYEE_ID, regex: "EMP-\\\\d{6}", score: 0.9}
     entities: [CN_RESIDENT_ID, CN_MOBILE, CN_BANK_CARD, CREDIT_CARD, EMAIL_ADDRESS, EMPLOYEE_ID]

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from bench import pii_synth as synth
 from classifiers.pii.engine import PiiEngine, Replacement, replacer
 from classifiers.pii.stream import HOLD_LIMIT, StreamRedactor, safe_cut
-from filters.base import Continue, RequestContext
+from filters.base import Continue, Deny, RequestContext
 from filters.chain import BuildEnv, Chain, build_with_params
 from gateway.registry import Registry
 from gateway.settings import Settings
@@ -288,3 +288,34 @@ async def test_a_redact_rule_turns_redaction_on_for_its_requests() -> None:
     d = await chain.request_body(ruled, body)
     assert isinstance(d, Continue) and d.body is not None
     assert json.loads(d.body)["messages"][0]["content"] == "我的手机<CN_MOBILE>"
+
+
+@pytest.mark.parametrize(("setting", "status"), [(None, 502), ("pass", 200)])
+async def test_a_kserve_answer_with_non_text_outputs_is_refused_unless_the_policy_passes_it(
+    setting: str | None, status: int
+) -> None:
+    """Token ids or scores could spell the text the gateway redacts elsewhere: by default an
+    infer answer holding an output that is not BYTES is refused, not passed unread."""
+    chain = _chain(**({"non_text_outputs": setting} if setting else {}))
+    ctx = _ctx("/v2/models/m/infer")
+    await chain.request_headers(ctx)
+    body = {"inputs": [{"name": "q", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}
+    assert isinstance(await chain.request_body(ctx, json.dumps(body).encode()), Continue)
+    ctx.response_status = 200
+    ctx.response_headers = {"content-type": "application/json"}
+    await chain.response_headers(ctx)
+    answer = {
+        "model_name": "m",
+        "outputs": [
+            {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["卡号4111111111111111"]},
+            {"name": "ids", "datatype": "INT32", "shape": [3], "data": [52, 49, 49]},
+        ],
+    }
+    d = await chain.response_chunk(ctx, json.dumps(answer).encode(), True)
+    if status == 502:
+        assert isinstance(d, Deny) and d.status == 502 and d.code == "upstream_bad_response"
+        assert "'ids' is INT32" in d.message
+    else:
+        assert isinstance(d, Continue) and d.body is not None
+        out = json.loads(d.body)["outputs"]
+        assert out[0]["data"] == ["卡号<CREDIT_CARD>"] and out[1]["data"] == [52, 49, 49]
