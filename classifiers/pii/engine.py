@@ -124,6 +124,23 @@ class _Folds(dict[int, str]):
 
 _FOLDS = _Folds()
 
+# Numbers written digit by digit in Chinese numerals (`幺三八零零幺三八零零零`, financial `壹贰叁`),
+# as people dictate a phone or card number: read as digits in runs of seven or more, so that the
+# recognizers (and their check digits) judge them; one character for one, so offsets stay put.
+CN_NUMERALS: dict[int, str] = {
+    ord(c): str(d)
+    for d, chars in enumerate(
+        ("〇零", "一壹幺", "二贰两", "三叁", "四肆", "五伍", "六陆", "七柒", "八捌", "九玖")
+    )
+    for c in chars
+}
+_CN_CLASS = "[" + "".join(chr(c) for c in CN_NUMERALS) + "]"
+_CN_DIGIT_RUN = re.compile(f"{_CN_CLASS}(?:[ -]?{_CN_CLASS}){{6,}}")
+
+
+def _cn_digits(m: re.Match[str]) -> str:
+    return m.group().translate(CN_NUMERALS)
+
 
 def normalize(text: str) -> tuple[str, list[int] | None]:
     """The text as the recognizers read it; with the original index of every character of it
@@ -131,6 +148,8 @@ def normalize(text: str) -> tuple[str, list[int] | None]:
     if text.isascii():
         return text, None
     norm = text.translate(_FOLDS)
+    if _CN_DIGIT_RUN.search(norm):
+        norm = _CN_DIGIT_RUN.sub(_cn_digits, norm)
     # Characters past the table's size limit are never remembered as odd: then compare lengths.
     if len(norm) == len(text) and not _FOLDS.shifts(text) and len(_FOLDS) < 1 << 16:
         return norm, None

@@ -16,7 +16,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from classifiers.invisible import FOLD
-from classifiers.pii.engine import PiiEngine, Replacer, Span, apply, normalize
+from classifiers.pii.engine import CN_NUMERALS, PiiEngine, Replacer, Span, apply, normalize
 from classifiers.pii.recognizers import (
     CONTEXT_WINDOW,
     EMAIL_RUN,
@@ -42,6 +42,8 @@ def _entity_char(ch: str) -> bool:
         return True
     if ch.isascii():
         return False
+    if ord(ch) in CN_NUMERALS:  # a number dictated in Chinese numerals may still be arriving
+        return True
     if ord(ch) in FOLD:  # invisible: an entity may go on past it, so it is held with it
         return True
     n, _ = normalize(ch)
@@ -49,7 +51,7 @@ def _entity_char(ch: str) -> bool:
 
 
 def _has_digit(s: str) -> bool:
-    return any(c.isdigit() for c in s)
+    return any(c.isdigit() or ord(c) in CN_NUMERALS for c in s)
 
 
 def safe_cut(text: str, names: tuple[str, ...] = ()) -> int:
@@ -239,6 +241,23 @@ class StreamRedactor:
                 if not more:
                     break
                 out = apply(seen, more, self.replace)[len(st.tail_out) :]
+        if not final and any(s.end > stop for s in spans):
+            # A finding still held back will be replaced, and that can expose a neighbour in what
+            # goes out now (`…0002.` before a phone number): read it as it will read then.
+            later = self._render(text, stop, len(text), spans)[0]
+            for _ in range(3):
+                seen = st.tail_out + out
+                more = self.engine.analyze(seen + later)
+                here = [s for s in more if s.start >= len(st.tail_out) and s.end <= len(seen)]
+                there = [
+                    Span(s.start - len(seen), s.end - len(seen), s.entity, s.score)
+                    for s in more
+                    if s.start >= len(seen)
+                ]
+                if not here and not there:
+                    break
+                out = apply(seen, here, self.replace)[len(st.tail_out) :]
+                later = apply(later, there, self.replace)
         st.pending = st.pending[len(released) :]
         st.tail = text[:stop][-_TAIL:]
         st.tail_out = (st.tail_out + out)[-_TAIL:]

@@ -23,6 +23,7 @@ RNG = random.Random(4)
 ID = synth.cn_id(RNG)
 CARD = synth.card(RNG, "mastercard")
 MOBILE = synth.cn_mobile(RNG)
+MOBILE_CN = MOBILE.translate({ord(str(d)): "零幺二三四五六七八九"[d] for d in range(10)})  # dictated
 POLICY = """
 version: 1
 chain:
@@ -142,7 +143,7 @@ def _stream_through(
 def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed: int) -> None:
     c, oai, _ = client
     text = (
-        f"您的身份证号是{ID}，银行卡{synth.grouped(CARD)}，请拨打{MOBILE}。"
+        f"您的身份证号是{ID}，银行卡{synth.grouped(CARD)}，请拨打{MOBILE}或{MOBILE_CN}。"
         "Mail zhang.san [at] example [dot] com or ｌｉ＿ｓｉ＠ｑｑ．ｃｏｍ. Thanks!"
     )
     rng = random.Random(seed)
@@ -155,10 +156,10 @@ def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed
     got, datas = _stream_through(c, oai, events, rng, 20)
     content = "".join(json.loads(d)["choices"][0]["delta"].get("content", "") for d in datas[:-1])
     assert content == (
-        "您的身份证号是<CN_RESIDENT_ID>，银行卡<CREDIT_CARD>，请拨打<CN_MOBILE>。"
+        "您的身份证号是<CN_RESIDENT_ID>，银行卡<CREDIT_CARD>，请拨打<CN_MOBILE>或<CN_MOBILE>。"
         "Mail <EMAIL_ADDRESS> or <EMAIL_ADDRESS>. Thanks!"
     )
-    for secret in (ID, CARD[:8], MOBILE, "zhang", "example", "ｌｉ"):
+    for secret in (ID, CARD[:8], MOBILE, MOBILE_CN[:4], "zhang", "example", "ｌｉ"):
         assert secret.encode() not in got
 
 

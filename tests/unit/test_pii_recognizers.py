@@ -22,6 +22,10 @@ def _fw(s: str) -> str:
     return s.translate({ord(c): ord(c) + 0xFEE0 for c in "0123456789"})
 
 
+def _cn(s: str, numerals: str = "零幺二三四五六七八九") -> str:
+    return s.translate({ord(str(d)): numerals[d] for d in range(10)})
+
+
 ID = synth.cn_id(RNG)
 ID_X = next(v for v in (synth.cn_id(RNG) for _ in range(500)) if v.endswith("X"))
 MOBILE = synth.cn_mobile(RNG)
@@ -41,6 +45,11 @@ POSITIVE = [
     (f"电话+86 {MOBILE}", "CN_MOBILE", f"+86 {MOBILE}"),
     (f"0086{MOBILE}是他的", "CN_MOBILE", f"0086{MOBILE}"),
     (f"手机{_fw(MOBILE)}谢谢", "CN_MOBILE", _fw(MOBILE)),  # full-width digits, offsets mapped back
+    # Dictated in Chinese numerals (幺 for 1, financial 壹贰叁), grouped or not.
+    (f"手机{_cn(MOBILE)}谢谢", "CN_MOBILE", _cn(MOBILE)),
+    (f"电话 {_cn(MOBILE[:3])} {_cn(MOBILE[3:7])} {_cn(MOBILE[7:])}。", "CN_MOBILE",
+     f"{_cn(MOBILE[:3])} {_cn(MOBILE[3:7])} {_cn(MOBILE[7:])}"),
+    (f"身份证{_cn(ID, '〇壹贰叁肆伍陆柒捌玖')}", "CN_RESIDENT_ID", _cn(ID, "〇壹贰叁肆伍陆柒捌玖")),
     (f"银行卡{BANK}转账", "CN_BANK_CARD", BANK),
     (f"卡号：{synth.grouped(BANK)}", "CN_BANK_CARD", synth.grouped(BANK)),
     (f"信用卡号{VISA}", "CREDIT_CARD", VISA),
@@ -103,6 +112,8 @@ NEAR_MISSES = [
     "meet me (at) noon, or [at] 3pm",  # a spelled `at` without a domain after it
     "see you at example dot com",  # bare words are not read as separators (too common in prose)
     "句号．结束",
+    "一二三四五六七八九十，二〇二六年一月一日",  # counting and dates in Chinese numerals
+    "他数了一二三四五六七八九〇一二三四五遍",  # a numeral run that validates as nothing
     "",
 ]
 

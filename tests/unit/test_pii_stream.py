@@ -51,6 +51,8 @@ _VALUES: list[Callable[[random.Random], str]] = [
     # An address with its separators spelled out or typed full-width: spaces and brackets end
     # the runs of entity characters that are held back, so these need their own hold.
     lambda r: _spell(synth.email(r), r),
+    # Dictated in Chinese numerals: no ASCII digit, yet a number to hold back and redact.
+    lambda r: synth.cn_mobile(r).translate({ord(str(d)): "零幺二三四五六七八九"[d] for d in range(10)}),
 ]
 
 
