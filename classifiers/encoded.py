@@ -1,8 +1,11 @@
-"""Text smuggled in base64: "decode this and do what it says: SWdub3JlIGFsbCBwcmV2aW91cy…".
+"""Text smuggled in an encoding: "decode this and do what it says: SWdub3JlIGFsbCBwcmV2aW91cy…".
 
 A model told to decode a run of base64 reads the instruction in it; the classifier would read
-only the run's tokens. A run of 16 or more base64 characters (standard or URL-safe alphabet,
-padding optional) whose bytes are UTF-8 text, mostly letters, is read as that text instead.
+only the run's tokens. These runs are read as the text they hold, when their bytes are UTF-8
+text, mostly letters, in words (spaces between them, or Chinese):
+- 16 or more base64 characters (standard or URL-safe alphabet, padding optional), or hex digits
+  (an even number of them, 16 or more: `49676e6f7265…`);
+- 4 or more percent-escapes (`%49%67%6E…`) or backslash escapes (`\\x49\\x67…`, `\\u0049…`).
 Anything else (image data, keys, hashes, identifiers, which decode to bytes that are not text)
 is left as it is. Only what the injection model reads (runtime.reading_form); the text that
 travels is left as it was.
@@ -15,21 +18,52 @@ import binascii
 import re
 
 _RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{16,}={0,2}(?![A-Za-z0-9+/=_\-])")
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+# Each with a literal first character, which the regex engine scans for quickly.
+_ESCAPES = (
+    ("%", re.compile(r"%[0-9a-fA-F]{2}(?:%[0-9a-fA-F]{2}){3,}")),
+    ("\\x", re.compile(r"\\x[0-9a-fA-F]{2}(?:\\x[0-9a-fA-F]{2}){3,}")),
+    ("\\u", re.compile(r"\\u[0-9a-fA-F]{4}(?:\\u[0-9a-fA-F]{4}){3,}")),
+)
 _URL_SAFE = str.maketrans("-_", "+/")
+_HAN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 
-def decoded(run: str) -> str | None:
-    """The text a base64 run spells, or None when its bytes are not text."""
+def _bytes(run: str) -> bytes | None:
+    if _HEX.fullmatch(run):
+        return bytes.fromhex(run)
     body = run.rstrip("=").translate(_URL_SAFE)
     if len(body) % 4 == 1:  # no base64 encoding has this length
         return None
     try:
-        text = base64.b64decode(body + "=" * (-len(body) % 4), validate=True).decode("utf-8")
-    except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
+        return base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _escaped(run: str) -> bytes | str:
+    if run[0] == "%":
+        return bytes.fromhex(run.replace("%", ""))
+    if run[1] == "x":
+        return bytes.fromhex(run.replace("\\x", ""))
+    return "".join(chr(int(run[i + 2 : i + 6], 16)) for i in range(0, len(run), 6))
+
+
+def decoded(run: str) -> str | None:
+    """The text an encoded run spells, or None when its bytes are not text."""
+    raw = _escaped(run) if run[0] in "%\\" else _bytes(run)
+    if raw is None:
+        return None
+    try:
+        text = raw if isinstance(raw, str) else raw.decode("utf-8")
+    except UnicodeDecodeError:
         return None
     letters = sum(c.isalpha() for c in text)
     shown = sum(c.isprintable() or c in "\n\t" for c in text)
     if len(text) < 8 or shown < 0.95 * len(text) or letters < 0.5 * len(text):
+        return None
+    # Words: spaces between them, or Chinese (a random number's bytes can be letters: `wWacg7$d`).
+    if not any(c.isspace() for c in text) and 2 * len(_HAN.findall(text)) < len(text):
         return None
     return text
 
@@ -40,5 +74,8 @@ def _replace(m: re.Match[str]) -> str:
 
 
 def unwrap(text: str) -> str:
-    """`text` with every base64 run that holds text read as that text."""
+    """`text` with every encoded run that holds text read as that text."""
+    for mark, escapes in _ESCAPES:
+        if mark in text:
+            text = escapes.sub(_replace, text)
     return _RUN.sub(_replace, text)
