@@ -9,6 +9,7 @@ the request is denied (fail closed), never forwarded.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +48,16 @@ def _executions(real: GatewayEnv, model: str) -> int:
     return sum(int(s["inference_count"]) for s in stats["model_stats"])
 
 
-@pytest.mark.parametrize("text", [JAILBREAK, JAILBREAK_ZH])
+@pytest.mark.parametrize(
+    "text",
+    [
+        JAILBREAK,
+        JAILBREAK_ZH,
+        # Disguised: the model is read the text as a person (or a model told to decode it) reads it.
+        base64.b64encode(JAILBREAK.encode()).decode(),
+        JAILBREAK.translate(str.maketrans("oaeicp", "оаеіср")),  # Cyrillic look-alikes
+    ],
+)
 def test_a_jailbreak_gets_the_openai_error_and_a_benign_prompt_passes(oa: openai.OpenAI, text: str) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         oa.chat.completions.create(
