@@ -16,8 +16,11 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Iterator
 
 _RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{16,}={0,2}(?![A-Za-z0-9+/=_\-])")
+# For PII: a mobile number in base64 is 15 characters and a padding sign.
+_SHORT_RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{12,}={0,2}(?![A-Za-z0-9+/=_\-])")
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
 # Each with a literal first character, which the regex engine scans for quickly.
 _ESCAPES = (
@@ -49,8 +52,9 @@ def _escaped(run: str) -> bytes | str:
     return "".join(chr(int(run[i + 2 : i + 6], 16)) for i in range(0, len(run), 6))
 
 
-def decoded(run: str) -> str | None:
-    """The text an encoded run spells, or None when its bytes are not text."""
+def decoded(run: str, *, words: bool = True) -> str | None:
+    """The text an encoded run spells, or None when its bytes are not text (with `words`, not
+    words: PII redaction asks for any text, a number alone included)."""
     raw = _escaped(run) if run[0] in "%\\" else _bytes(run)
     if raw is None:
         return None
@@ -58,14 +62,30 @@ def decoded(run: str) -> str | None:
         text = raw if isinstance(raw, str) else raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    letters = sum(c.isalpha() for c in text)
     shown = sum(c.isprintable() or c in "\n\t" for c in text)
-    if len(text) < 8 or shown < 0.95 * len(text) or letters < 0.5 * len(text):
+    if shown < 0.95 * len(text) or len(text) < (8 if words else 4):
+        return None
+    if not words:
+        return text
+    if sum(c.isalpha() for c in text) < 0.5 * len(text):
         return None
     # Words: spaces between them, or Chinese (a random number's bytes can be letters: `wWacg7$d`).
     if not any(c.isspace() for c in text) and 2 * len(_HAN.findall(text)) < len(text):
         return None
     return text
+
+
+def runs(text: str) -> Iterator[tuple[int, int, str]]:
+    """(start, end, text) of each encoded run in `text` whose bytes are any text (one level;
+    base64 and hex from 12 characters)."""
+    for mark, escapes in _ESCAPES:
+        if mark in text:
+            for m in escapes.finditer(text):
+                if (plain := decoded(m.group(), words=False)) is not None:
+                    yield m.start(), m.end(), plain
+    for m in _SHORT_RUN.finditer(text):
+        if (plain := decoded(m.group(), words=False)) is not None:
+            yield m.start(), m.end(), plain
 
 
 def _replace(m: re.Match[str]) -> str:

@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
+from presidio_analyzer import AnalyzerEngine, RecognizerRegistry, RecognizerResult
 from presidio_analyzer.nlp_engine import NoOpNlpEngine
 
+from classifiers import encoded
 from classifiers.invisible import FOLD
 from classifiers.pii.recognizers import (
     BUILTIN_ENTITIES,
@@ -210,21 +211,39 @@ class PiiEngine:
         """Load lazily built parts (phone metadata per region) now, not on the first request."""
         self.analyze("warm-up: +1 415-555-2671, 13800138000, a@b.co, 4111111111111111, 1.2.3.4")
 
-    def analyze(self, text: str) -> list[Span]:
-        """Findings in `text` at or above the threshold, non-overlapping, in text order."""
+    def _encoded(self, norm: str) -> list[RecognizerResult]:
+        """Runs of base64, hex or escapes whose text holds PII, each found whole as its best entity."""
+        out: list[RecognizerResult] = []
+        for start, end, plain in encoded.runs(norm):
+            inner = self.analyze(plain, encoded_runs=False)
+            if inner:
+                best = max(inner, key=lambda s: s.score)
+                out.append(RecognizerResult(best.entity, start, end, best.score))
+        return out
+
+    def analyze(self, text: str, *, encoded_runs: bool = True) -> list[Span]:
+        """Findings in `text` at or above the threshold, non-overlapping, in text order; PII
+        inside a run of base64, hex or escapes (one level) is found as the whole run."""
         if not text:
             return []
         norm, back = normalize(text)
-        if self._prefilter is not None and not self._prefilter.search(norm):
+        plain = self._prefilter is None or self._prefilter.search(norm) is not None
+        hidden = self._encoded(norm) if encoded_runs else []
+        if not plain and not hidden:
             return []
         held: list[tuple[int, int]] = []
         if "<" in norm or "[" in norm:
             held = [m.span() for m in _PLACEHOLDER.finditer(norm)]
             for a, b in held:
                 norm = norm[:a] + "z" * (b - a) + norm[b:]
-        results = self._analyzer.analyze(
-            norm, language="en", entities=list(self.entities), score_threshold=self.threshold
+        results = (
+            self._analyzer.analyze(
+                norm, language="en", entities=list(self.entities), score_threshold=self.threshold
+            )
+            if plain
+            else []
         )
+        results += hidden
         if held:
             results = [r for r in results if not any(r.start < b and a < r.end for a, b in held)]
         # The best finding wins an overlap: higher score, then entity priority, then longer.

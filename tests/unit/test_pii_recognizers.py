@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import random
 
 import pytest
@@ -20,6 +21,10 @@ def _found(text: str) -> list[tuple[str, str]]:
 
 def _fw(s: str) -> str:
     return s.translate({ord(c): ord(c) + 0xFEE0 for c in "0123456789"})
+
+
+def _b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
 
 
 def _cn(s: str, numerals: str = "零幺二三四五六七八九") -> str:
@@ -50,6 +55,12 @@ POSITIVE = [
     (f"电话 {_cn(MOBILE[:3])} {_cn(MOBILE[3:7])} {_cn(MOBILE[7:])}。", "CN_MOBILE",
      f"{_cn(MOBILE[:3])} {_cn(MOBILE[3:7])} {_cn(MOBILE[7:])}"),
     (f"身份证{_cn(ID, '〇壹贰叁肆伍陆柒捌玖')}", "CN_RESIDENT_ID", _cn(ID, "〇壹贰叁肆伍陆柒捌玖")),
+    # Encoded (a model asked to "answer in base64"): the whole run is the finding.
+    (f"ID: {_b64(ID)} ok", "CN_RESIDENT_ID", _b64(ID)),
+    (f"call {_b64(MOBILE)}", "CN_MOBILE", _b64(MOBILE)),  # 15 characters and a padding sign
+    (f"hex {('手机' + MOBILE).encode().hex()}。", "CN_MOBILE", ("手机" + MOBILE).encode().hex()),
+    ("card " + "".join(f"%{ord(c):02X}" for c in VISA), "CREDIT_CARD", "".join(f"%{ord(c):02X}" for c in VISA)),
+    (f"mail {_b64('zhang.san@example.com')}", "EMAIL_ADDRESS", _b64("zhang.san@example.com")),
     (f"银行卡{BANK}转账", "CN_BANK_CARD", BANK),
     (f"卡号：{synth.grouped(BANK)}", "CN_BANK_CARD", synth.grouped(BANK)),
     (f"信用卡号{VISA}", "CREDIT_CARD", VISA),
@@ -114,6 +125,8 @@ NEAR_MISSES = [
     "句号．结束",
     "一二三四五六七八九十，二〇二六年一月一日",  # counting and dates in Chinese numerals
     "他数了一二三四五六七八九〇一二三四五遍",  # a numeral run that validates as nothing
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==",
+    "token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ1c2VyIn0 and Professional International",  # text, no PII
     "",
 ]
 

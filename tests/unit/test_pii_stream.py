@@ -8,6 +8,7 @@ overlapping findings merge; docs/pii.md lists it under Limits.
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 from collections.abc import Callable
@@ -51,6 +52,9 @@ _VALUES: list[Callable[[random.Random], str]] = [
     # An address with its separators spelled out or typed full-width: spaces and brackets end
     # the runs of entity characters that are held back, so these need their own hold.
     lambda r: _spell(synth.email(r), r),
+    # Encoded: the run is held whole like any run of entity characters, and read decoded.
+    lambda r: base64.b64encode(synth.cn_id(r).encode()).decode(),
+    lambda r: synth.cn_mobile(r).encode().hex(),
     # Dictated in Chinese numerals: no ASCII digit, yet a number to hold back and redact.
     lambda r: synth.cn_mobile(r).translate({ord(str(d)): "零幺二三四五六七八九"[d] for d in range(10)}),
 ]
