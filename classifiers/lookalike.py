@@ -11,7 +11,11 @@ An attacker keeps an instruction legible while changing every token a classifier
 - combining marks stacked on Latin letters ("Zalgo", strike-through `I̶g̶n̶`): dropped after a
   Latin letter, so scripts that need their marks keep them;
 - letters spelled out one at a time (`I g n o r e`, `I.g.n.o.r.e`, `忽 略 之 前`): three or more
-  single letters with one and the same separator are joined into the word they spell.
+  single letters with one and the same separator are joined into the word they spell;
+- leetspeak (`1gn0r3 pr3v10u5 1N57RUC710N5`): in a word of letters and `0 1 3 4 5 7` alone
+  where some of those digits stand between two letters, they read as `o i e a s t` (so
+  `gpt4`, `h264`, `x86`, `covid19`, `1st`, `35mm`, `2024`, `ID110105`, `0x1F` and hex words
+  such as a UUID's `0b7f5c1e` stay).
 Only what the injection model reads (runtime.reading_form); the text that travels is left as it was.
 """
 
@@ -90,6 +94,25 @@ def _latin_text(text: str) -> bool:
     return latin > 0 and 5 * len(_OWN_LETTER.findall(text)) < latin
 
 
+# Words of letters and the digits leetspeak uses, with such digits between two letters.
+_LEET_WORD = re.compile(r"(?<!\w)(?=\w*[A-Za-z][013457]+[A-Za-z])[A-Za-z013457]{3,}(?!\w)")
+# The quick tests before the word scan (a third of texts hold such a digit, 1% one inside a word).
+_LEET_DIGIT = re.compile(r"[013457]")
+_LEET_INSIDE = re.compile(r"[A-Za-z][013457]+[A-Za-z]")
+_LEET = str.maketrans("013457", "oieast")
+_LEET_UPPER = str.maketrans("013457", "OIEAST")
+_FOUR_DIGITS = re.compile(r"\d{4}")
+_HEX_WORD = re.compile(r"[0-9a-fA-F]+")  # a hash's or a UUID's digits, not leetspeak
+
+
+def _unleet(m: re.Match[str]) -> str:
+    word = m.group()
+    if _FOUR_DIGITS.search(word) or word.startswith("0x") or _HEX_WORD.fullmatch(word):
+        return word
+    letters = [c for c in word if c.isalpha()]
+    return word.translate(_LEET_UPPER if all(c.isupper() for c in letters) else _LEET)
+
+
 def _join(m: re.Match[str]) -> str:
     return m.group().replace(m.group(1), "")
 
@@ -101,4 +124,7 @@ def unmask(text: str) -> str:
             text = _MARKS.sub("", text)
         if _ANY_CONFUSABLE.search(text):
             text = _WORD.sub(_fold_lookalike if _latin_text(text) else _fold_mixed, text)
-    return _SPELLED.sub(_join, text)
+    text = _SPELLED.sub(_join, text)
+    if _LEET_DIGIT.search(text) and _LEET_INSIDE.search(text):
+        text = _LEET_WORD.sub(_unleet, text)
+    return text
