@@ -49,16 +49,19 @@ def _escaped(run: str) -> bytes | str:
         return bytes.fromhex(run.replace("%", ""))
     if run[1] == "x":
         return bytes.fromhex(run.replace("\\x", ""))
-    return "".join(chr(int(run[i + 2 : i + 6], 16)) for i in range(0, len(run), 6))
+    units = "".join(chr(int(run[i + 2 : i + 6], 16)) for i in range(0, len(run), 6))
+    # `\\ud83d\\ude00` is one character; a lone surrogate is read as U+FFFD (text must be valid
+    # for the tokenizer, and one bad escape must not hide the rest).
+    return units.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def decoded(run: str, *, words: bool = True) -> str | None:
     """The text an encoded run spells, or None when its bytes are not text (with `words`, not
     words: PII redaction asks for any text, a number alone included)."""
-    raw = _escaped(run) if run[0] in "%\\" else _bytes(run)
-    if raw is None:
-        return None
     try:
+        raw = _escaped(run) if run[0] in "%\\" else _bytes(run)
+        if raw is None:
+            return None
         text = raw if isinstance(raw, str) else raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
