@@ -29,8 +29,9 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 
 # Request fields (vLLM's extensions to the OpenAI API) that put client text into what the model
 # reads in ways the checks cannot follow: a chat template the server renders, its arguments,
-# documents a template pastes in. They are refused, not forwarded unchecked.
-_UNCHECKABLE = ("chat_template", "chat_template_kwargs", "documents")
+# documents a template pastes in, and prompt embeddings (a base64 tensor the model reads as a
+# prompt of its own, beside `prompt` or the messages). They are refused, not forwarded unchecked.
+_UNCHECKABLE = ("chat_template", "chat_template_kwargs", "documents", "prompt_embeds")
 # A message's `name` and a tool call's function name and id (chat templates render them):
 # identifiers, as OpenAI's API has them, so that they cannot carry text the checks do not read.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -89,6 +89,9 @@ def test_completion_token_prompts_are_refused(client: httpx.Client, openai_up: S
         400,
         "invalid_request",
     )
+    # Prompt embeddings beside a checked prompt: vLLM would run them as a prompt of their own.
+    smuggled = {"model": "llama3-8b", "prompt": "hi", "prompt_embeds": "UEsDBAAAAAA="}
+    _openai_error(client.post("/v1/completions", json=smuggled), 400, "unsupported_content")
     assert openai_up.requests == []
 
 

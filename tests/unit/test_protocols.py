@@ -99,10 +99,18 @@ def test_completion_suffix_is_prompt_text() -> None:
     assert [(s.role, s.text) for s in p.segments] == [("user", "def f("), ("user", "  return x")]
 
 
-@pytest.mark.parametrize("field", ["chat_template", "chat_template_kwargs", "documents"])
+@pytest.mark.parametrize("field", ["chat_template", "chat_template_kwargs", "documents", "prompt_embeds"])
 def test_fields_that_put_unchecked_text_before_the_model_are_refused(field: str) -> None:
     with pytest.raises(ProtocolError) as e:
         _openai.parse_request(_openai.CHAT, _chat(**{field: "{{ 'anything' }}"}))
+    assert (e.value.status, e.value.code) == (400, ErrorCode.UNSUPPORTED_CONTENT)
+
+
+def test_prompt_embeddings_beside_a_completion_prompt_are_refused() -> None:
+    # vLLM runs the embeddings as a prompt of their own: a checked `prompt` must not carry them.
+    body = json.dumps({"model": "m", "prompt": "hi", "prompt_embeds": "UEsDBAAAAAA="}).encode()
+    with pytest.raises(ProtocolError) as e:
+        _openai.parse_request(_openai.COMPLETION, body)
     assert (e.value.status, e.value.code) == (400, ErrorCode.UNSUPPORTED_CONTENT)
 
 
