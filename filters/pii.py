@@ -370,19 +370,24 @@ _UNREDACTABLE = Deny(
 _NO_LOGPROBS = Deny(
     400,
     ErrorCode.UNSUPPORTED_CONTENT,
-    "logprobs are not available: they would carry the answer's text past the gateway's redaction",
+    "logprobs and token ids are not available: they would carry the answer's text past the gateway's redaction",
 )
 
 
 def _asks_logprobs(p: Prompt) -> bool:
-    """Whether an OpenAI request asks for the answer's tokens (logprobs): those carry the text
-    again, token by token, where redaction cannot follow. `logprobs: 0` on completions still
-    returns the tokens."""
+    """Whether an OpenAI request asks for the answer's tokens (logprobs, or vLLM's
+    `return_token_ids`): those carry the text again, token by token, where redaction cannot
+    follow. `logprobs: 0` on completions still returns the tokens."""
     doc = p.document
     if p.protocol is not Protocol.OPENAI or not isinstance(doc, dict):
         return False
     lp, top = doc.get("logprobs"), doc.get("top_logprobs")
-    return (lp is not None and lp is not False) or (top is not None and top != 0)
+    ids = doc.get("return_token_ids")
+    return (
+        (lp is not None and lp is not False)
+        or (top is not None and top != 0)
+        or (ids is not None and ids is not False)
+    )
 
 
 def _reparse(
