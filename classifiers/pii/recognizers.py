@@ -264,7 +264,9 @@ class CardRecognizer(ZtRecognizer):
 # Shared with the engine's prefilter and the stream's hold-back, which must read them alike.
 SPELLED_AT = r"[\[({][ \t]{0,3}[Aa][Tt][ \t]{0,3}[\])}]"
 SPELLED_DOT = r"[\[({][ \t]{0,3}[Dd][Oo][Tt][ \t]{0,3}[\])}]"
-EMAIL_RUN = "A-Za-z0-9._%+\\-\uff0e"  # what the words between the separators are made of
+# What the words between the separators are made of: letters, digits and these.
+EMAIL_PUNCTUATION = "._%+-\uff0e"
+EMAIL_RUN = "A-Za-z0-9" + re.escape(EMAIL_PUNCTUATION)  # as a regex class's contents
 _EMAIL_AT = rf"(?:@|[ \t]{{0,3}}{SPELLED_AT}[ \t]{{0,3}})"
 _EMAIL_DOT = rf"(?:[.\uff0e]|[ \t]{{0,3}}{SPELLED_DOT}[ \t]{{0,3}})"
 

@@ -11,6 +11,7 @@ never retracted, and a cut never falls inside a detected entity.
 from __future__ import annotations
 
 import re
+import string
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from classifiers.invisible import FOLD
 from classifiers.pii.engine import CN_NUMERALS, PiiEngine, Replacer, Span, apply, normalize
 from classifiers.pii.recognizers import (
     CONTEXT_WINDOW,
+    EMAIL_PUNCTUATION,
     EMAIL_RUN,
     MAX_ENTITY_CHARS,
     SPELLED_AT,
@@ -93,15 +95,16 @@ _SPELLED_TAIL = re.compile(
     rf"{_SEPARATOR}[ \t]{{0,3}}[{EMAIL_RUN}]*[ \t]{{0,3}}|[\[({{][ \t]{{0,3}}(?:[Aa][Tt]?|[Dd](?:[Oo][Tt]?)?)?[ \t]{{0,3}}"
 )
 _SEPARATOR_BEFORE = re.compile(rf"{_SEPARATOR}[ \t]{{0,3}}\Z")
-_RUN_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._%+-\uff0e")
+_RUN_CHARS = frozenset(string.ascii_letters + string.digits + EMAIL_PUNCTUATION)
 
 
 def _spelled_email_start(text: str) -> int | None:
     """Where a spelled-out e-mail address that may still be arriving starts, or None."""
     low = max(0, len(text) - _SPELLED_MAX)
-    if not text.endswith((" ", "\t", "\u3000")) and not any(c in text[low:] for c in "[({［（｛"):
+    tail = text[low:]
+    if not text.endswith((" ", "\t", "\u3000")) and not any(c in tail for c in "[({［（｛"):
         return None
-    seg, back = normalize(text[low:])  # full-width `［ａｔ］` is read as `[at]`, as the recognizer does
+    seg, back = normalize(tail)  # full-width `［ａｔ］` is read as `[at]`, as the recognizer does
     start = _spelled_start(seg)
     if start is None:
         return None
