@@ -150,7 +150,10 @@ class ExtProcServer:
         if ctx is None or chain is None or not chain.settles:
             return None
         if st.settling is None:
-            ctx.outcome = "aborted" if aborted and st.outcome == "allowed" else st.outcome
+            # A client that stops reading at the answer's end ([DONE]: the openai SDK) can leave
+            # before Envoy's last, empty body chunk: it had the whole answer, so it was allowed.
+            whole = ctx.answer is not None and ctx.answer.done
+            ctx.outcome = "aborted" if aborted and st.outcome == "allowed" and not whole else st.outcome
             ctx.status, ctx.error_code = st.status or ctx.response_status or 0, st.code
             st.settling = asyncio.ensure_future(self._guarded(st, "settle", chain.settle(ctx)))
         return st.settling

@@ -387,6 +387,43 @@ def test_a_client_that_leaves_mid_stream_leaves_an_aborted_record(tmp_path: Path
         up.stop()
 
 
+def test_a_client_that_leaves_at_the_answers_end_leaves_an_allowed_record(tmp_path: Path) -> None:
+    """The openai SDK stops reading at [DONE] and closes, often before Envoy's last, empty body
+    chunk reaches the gateway: that client had the whole answer, so the record says allowed."""
+    events = [
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": f"w{i} "}}],
+        }
+        for i in range(5)
+    ]
+    chunks = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+    up = ScriptedUpstream("done", handler=lambda _: streamed(chunks, gap_s=0.01)).start()
+    try:
+        with _gateway(tmp_path, up.port) as env:
+            body = {"model": "open", "stream": True, "messages": [{"role": "user", "content": "count"}]}
+            rids = []
+            for _ in range(3):
+                with httpx.stream(
+                    "POST", env.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=10
+                ) as r:
+                    rids.append(r.headers["x-request-id"])
+                    for line in r.iter_lines():
+                        if line == "data: [DONE]":
+                            break  # and leave, as the SDK does
+            until = time.monotonic() + 10
+            while len([x for x in env.audit() if x["trace_id"] in rids]) < len(rids):
+                assert time.monotonic() < until
+                time.sleep(0.1)
+            for rid in rids:
+                rec = env.audit_for(rid)
+                assert rec["decision"]["outcome"] == "allowed", rec["decision"]
+                assert rec["response"]["chars"] == len("".join(f"w{i} " for i in range(5)))
+    finally:
+        up.stop()
+
+
 def test_one_record_per_request_under_concurrent_load(tmp_path: Path, chat_up: ScriptedUpstream) -> None:
     n, concurrency = 600, 16
 
