@@ -235,8 +235,9 @@ def _bad_answer(what: str) -> ProtocolError:
     return ProtocolError(502, ErrorCode.UPSTREAM_BAD_RESPONSE, f"upstream answer: {what}")
 
 
-def _take(op: str, doc: Any, message_key: str, answer: Answer) -> None:
-    """Add one answer document's choices (`message` when whole, `delta` when streamed) and usage."""
+def take_document(op: str, doc: Any, message_key: str, answer: Answer) -> None:
+    """Add one answer document's choices (`message` when whole, `delta` when streamed) and usage
+    (also how a filter that rewrote a document reads what the client gets)."""
     if isinstance(doc, dict) and "error" in doc:
         answer.upstream_error = True
         return
@@ -259,7 +260,7 @@ def _take(op: str, doc: Any, message_key: str, answer: Answer) -> None:
 def answer_from_json(op: str, body: bytes, answer: Answer) -> None:
     """Fill `answer` from a whole (non-streamed) response body."""
     answer.document = strict_json(body, "upstream answer")
-    _take(op, answer.document, "message", answer)
+    take_document(op, answer.document, "message", answer)
     answer.done = True
 
 
@@ -276,7 +277,7 @@ def answer_from_sse(op: str, parser: SSEParser, chunk: bytes, end: bool, answer:
             answer.chunk_events.append(StreamEvent(ev.event, None))
         else:
             doc = strict_json(ev.data.encode(), "upstream stream event")
-            _take(op, doc, "delta", answer)
+            take_document(op, doc, "delta", answer)
             answer.chunk_events.append(StreamEvent(ev.event, doc))
 
 

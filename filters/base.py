@@ -135,6 +135,9 @@ class RequestContext:
     # timed out, reset before its headers): the answer headers are then Envoy's local reply.
     upstream_error: str | None = None
     answer: Answer | None = None
+    # An OpenAI answer as the client gets it, set by a filter that rewrote its text (pii);
+    # None: the client gets `answer` as the upstream sent it.
+    delivered: Answer | None = None
     verdicts: list[Verdict] = field(default_factory=list)
     # The policy this request captured at its start (gateway.policy.CompiledPolicy): one per request.
     policy: CompiledPolicy | None = None

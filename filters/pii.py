@@ -30,7 +30,7 @@ from classifiers.pii.engine import CustomPattern, PiiEngine, Replacement, Replac
 from classifiers.pii.recognizers import BUILTIN_ENTITIES, MAX_ENTITY_CHARS, PERSON
 from classifiers.pii.stream import StreamRedactor
 from filters import _kserve, _openai
-from filters._protocols import Prompt, Slot, StreamEvent, compact_json
+from filters._protocols import Answer, Prompt, Slot, StreamEvent, compact_json
 from filters.base import CONTINUE, BaseFilter, Continue, Decision, Deny, Phase, RequestContext, Verdict
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
@@ -254,6 +254,8 @@ class PiiRedactor(BaseFilter):
             ctx
         ):
             self._state(ctx).stream = StreamRedactor(self.engine, self.replace)
+            if ctx.prompt is not None and ctx.prompt.protocol is Protocol.OPENAI:
+                ctx.delivered = Answer()  # filled with the rewritten events as they leave
             # Events are rewritten, so the body length changes: it travels chunked.
             return Continue(remove_headers=("content-length",))
         return CONTINUE
@@ -266,7 +268,9 @@ class PiiRedactor(BaseFilter):
         st = self._state(ctx)
         if st.stream is not None:
             return Continue(
-                body=self._stream_chunk(st, st.stream, p.protocol, p.operation, answer.chunk_events, end=end)
+                body=self._stream_chunk(
+                    st, st.stream, p.protocol, p.operation, answer.chunk_events, end=end, seen=ctx.delivered
+                )
             )
         if self._shadow(ctx) and answer.done and end:
             spans = self._find(answer.text(i) for i in answer.choices)
@@ -291,6 +295,10 @@ class PiiRedactor(BaseFilter):
         if result is None:
             return CONTINUE
         body, header_length = result
+        if p.protocol is Protocol.OPENAI:
+            # The document was rewritten in place: what the client gets, for the filters after.
+            ctx.delivered = Answer()
+            _openai.take_document(p.operation, answer.document, "message", ctx.delivered)
         headers = ((_kserve.HEADER_LENGTH, header_length),) if header_length else ()
         return Continue(set_headers=headers, body=body)
 
@@ -303,13 +311,15 @@ class PiiRedactor(BaseFilter):
         events: list[StreamEvent],
         *,
         end: bool,
+        seen: Answer | None = None,
     ) -> bytes:
+        """The rewritten events of one body chunk; each OpenAI event also goes into `seen`."""
         out: list[bytes] = []
         openai = proto is Protocol.OPENAI
         for ev in events:
             doc = ev.doc
             if doc is None:  # [DONE]: whatever is still held goes out first
-                out += self._flush_all(red, proto, op, st.last_doc)
+                out += self._flush_all(red, proto, op, st.last_doc, seen)
                 out.append(_sse(ev, None))
                 continue
             slots: list[Slot] = (
@@ -324,12 +334,16 @@ class PiiRedactor(BaseFilter):
                         if text:
                             _openai.append_text(op, doc, key, text)
             st.last_doc = doc
+            if seen is not None:
+                _openai.take_document(op, doc, "delta", seen)
             out.append(_sse(ev, doc))
         if end:
-            out += self._flush_all(red, proto, op, st.last_doc)
+            out += self._flush_all(red, proto, op, st.last_doc, seen)
         return b"".join(out)
 
-    def _flush_all(self, red: StreamRedactor, proto: Protocol, op: str, like: Any) -> list[bytes]:
+    def _flush_all(
+        self, red: StreamRedactor, proto: Protocol, op: str, like: Any, seen: Answer | None = None
+    ) -> list[bytes]:
         texts: dict[Hashable, str] = {}
         for key in list(red.streams):
             text = red.flush(key)
@@ -339,6 +353,8 @@ class PiiRedactor(BaseFilter):
             return []
         if proto is Protocol.OPENAI:
             doc: Any = _openai.stream_event(op, like, texts)  # type: ignore[arg-type]
+            if seen is not None:
+                _openai.take_document(op, doc, "delta", seen)
         else:
             base = like if isinstance(like, dict) else {}
             doc = {k: base[k] for k in ("model_name", "model_version", "id") if k in base}

@@ -10,6 +10,14 @@ A text longer than the windows the model reads (`max_windows`) is refused (413 p
 unless the policy says `too_long: score_edges`: then its first windows and its last are scored
 and the tokens between go unread, counted in the verdict.
 
+Assistant turns: a chat request carries the conversation so far, and its assistant turns are
+the client's word for what the model said: a client can write them itself (a forged history, a
+reply prefilled for the model to continue). By default (`assistant: unknown`) an assistant turn is
+scored unless the gateway delivered that very text to the same user as an answer, within
+`answer_ttl_s` (gateway.answers: keyed fingerprints in Redis, shared by every replica; what is
+remembered is the answer as the client got it, after redaction). If that store cannot be read,
+the turns count as unknown and are scored. `all` scores every assistant turn; `trust` none.
+
 Fail mode: if the classifier errors or exceeds its time budget, `fail_mode.classifier` decides:
 `deny` (default, 503 classifier_unavailable) or `allow_with_flag` (let through, flagged).
 """
@@ -24,6 +32,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from classifiers.injection.runtime import InjectionModel, Manifest
+from filters import _openai
 from filters.base import (
     CONTINUE,
     BaseFilter,
@@ -35,7 +44,11 @@ from filters.base import (
     fail_mode,
 )
 from filters.chain import BuildEnv, register
+from gateway.answers import AnswerLedger
 from gateway.errors import ErrorCode
+from gateway.keyfile import load_or_create
+from gateway.observability import log
+from gateway.registry import Protocol
 
 
 class InjectionParams(BaseModel):
@@ -67,7 +80,26 @@ class InjectionParams(BaseModel):
             "parameter:*",
         ],
         description="Prompt roles to score (globs; `input:*` are KServe inputs, `parameter:*` KServe "
-        "request parameters). Assistant turns are not scored.",
+        "request parameters). Assistant turns follow `assistant` unless a glob here names them.",
+    )
+    assistant: Literal["unknown", "all", "trust"] = Field(
+        default="unknown",
+        description="Which assistant turns of a chat request are scored: unknown (those the gateway "
+        "did not deliver to this user as an answer: forged history, prefilled replies), all, or "
+        "trust (none: the client's history is taken as the model's).",
+    )
+    answer_ttl_s: int = Field(
+        default=86400,
+        ge=60,
+        le=30 * 86400,
+        description="How long a delivered answer is remembered as the model's (assistant: unknown).",
+    )
+    answers_timeout_s: float = Field(
+        default=0.25,
+        gt=0.0,
+        le=5.0,
+        description="Time budget of one call to the store of delivered answers (Redis); past it the "
+        "assistant turns are scored.",
     )
     status: int = Field(default=400, ge=400, le=499, description="HTTP status of a deny.")
     message: str = Field(
@@ -103,20 +135,40 @@ class PromptInjection(BaseFilter):
     """Score prompts; deny or flag those above the threshold."""
 
     name: ClassVar[str] = "prompt_injection"
-    phases: ClassVar[Phase] = Phase.REQUEST_BODY
+    # The answer is read at SETTLE (assistant: unknown remembers it), so its body is parsed.
+    phases: ClassVar[Phase] = Phase.REQUEST_BODY | Phase.RESPONSE_BODY | Phase.SETTLE
     needs: ClassVar[tuple[str, ...]] = ("protocol",)
 
-    def __init__(self, model: InjectionModel, params: InjectionParams) -> None:
+    def __init__(
+        self, model: InjectionModel, params: InjectionParams, ledger: AnswerLedger | None = None
+    ) -> None:
         self.model = model
         self.threshold = params.threshold if params.threshold is not None else model.manifest.threshold
         self.params = params
+        self.ledger = ledger if params.assistant == "unknown" else None
 
     async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
         p = ctx.prompt
         if p is None:
             return CONTINUE
-        texts = [s.text for s in p.segments if any(fnmatch.fnmatchcase(s.role, r) for r in self.params.roles)]
+        texts: list[str] = []
+        turns: list[str] = []  # assistant turns the roles do not name
+        for s in p.segments:
+            if any(fnmatch.fnmatchcase(s.role, r) for r in self.params.roles):
+                texts.append(s.text)
+            elif s.role == "assistant" and self.params.assistant != "trust":
+                turns.append(s.text)
+        history = ""
+        if turns and self.params.assistant == "unknown":
+            known, history = await self._delivered(ctx, turns)
+            turns = [t for t, k in zip(turns, known, strict=True) if not k]
+            history += f",assistant_known={sum(known)}" if any(known) else ""
+        if turns:
+            history += f",assistant_scored={len(turns)}"
+            texts += turns
         if not texts:
+            if history:
+                ctx.verdicts.append(Verdict(self.name, "score", "pass", 0.0, history.lstrip(",")))
             return CONTINUE
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -133,14 +185,52 @@ class PromptInjection(BaseFilter):
             return self._failed(ctx, "TimeoutError")
         top = max(a.score for a in found)
         unread = sum(a.unread for a in found)
-        detail = f"score={top:.3f},model={self.model.revision}" + (
-            f",unread_tokens={unread}" if unread else ""
+        detail = (
+            f"score={top:.3f},model={self.model.revision}"
+            + (f",unread_tokens={unread}" if unread else "")
+            + history
         )
         if top >= self.threshold:
             return self._act(ctx, "score", self.params.action, detail)
         if unread and self.params.too_long == "deny":
             return self._act(ctx, "length", "deny", detail)
         ctx.verdicts.append(Verdict(self.name, "score", "pass", 0.0, detail))
+        return CONTINUE
+
+    async def _delivered(self, ctx: RequestContext, turns: list[str]) -> tuple[list[bool], str]:
+        """Which turns the gateway delivered to this user; all unknown if that cannot be told."""
+        who = ctx.principal
+        if self.ledger is None or who is None:
+            return [False] * len(turns), ""
+        try:
+            async with asyncio.timeout(self.params.answers_timeout_s):
+                return await self.ledger.known(who.tenant, who.user, turns, self.params.answer_ttl_s), ""
+        except Exception as exc:  # noqa: BLE001 - an unreadable store only means the turns are scored
+            log().warning("answers_unavailable", request_id=ctx.request_id, error=type(exc).__name__)
+            return [False] * len(turns), f",answers_unavailable={type(exc).__name__}"
+
+    async def on_settle(self, ctx: RequestContext) -> Decision:
+        """Remember a delivered chat answer, as the client got it, so its next turn is known."""
+        p, who, answer = ctx.prompt, ctx.principal, ctx.answer
+        if (
+            self.ledger is None
+            or who is None
+            or p is None
+            or answer is None
+            or ctx.outcome != "allowed"
+            or p.protocol is not Protocol.OPENAI
+            or p.operation != _openai.CHAT
+            or not answer.done
+            or answer.upstream_error
+        ):
+            return CONTINUE
+        seen = ctx.delivered or answer
+        texts = ["".join(pieces) for i in seen.choices for pieces in seen.parts[i].values()]
+        try:
+            async with asyncio.timeout(self.params.answers_timeout_s):
+                await self.ledger.remember(who.tenant, who.user, texts, self.params.answer_ttl_s)
+        except Exception as exc:  # noqa: BLE001 - not remembered: the next turn is scored, nothing more
+            log().warning("answer_not_remembered", request_id=ctx.request_id, error=type(exc).__name__)
         return CONTINUE
 
     def _act(self, ctx: RequestContext, phase: str, action: str, detail: str) -> Decision:
@@ -166,4 +256,13 @@ def _build(env: BuildEnv, params: InjectionParams) -> PromptInjection:
         f"injection:{manifest.resolve()}:{params.max_windows}",
         lambda: InjectionModel(Manifest.load(manifest), max_windows=params.max_windows),
     )
-    return PromptInjection(model, params)
+    ledger = None
+    if params.assistant == "unknown":
+        s = env.settings
+        # The audit key: replicas share it, so each knows the answers the others delivered.
+        key = env.engine("audit:key", lambda: load_or_create(s.audit_key_path))
+        ledger = env.engine(
+            f"answers:{params.answers_timeout_s}",
+            lambda: AnswerLedger.from_url(s.redis_url, s.redis_prefix, key, params.answers_timeout_s),
+        )
+    return PromptInjection(model, params, ledger)

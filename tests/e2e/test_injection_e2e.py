@@ -10,8 +10,10 @@ the request is denied (fail closed), never forwarded.
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openai
@@ -101,6 +103,42 @@ def test_a_jailbreak_hidden_in_a_tool_schema_is_refused(oa: openai.OpenAI) -> No
         )
     body = e.value.body
     assert isinstance(body, dict) and body["code"] == "prompt_rejected"
+
+
+def _request_log(real: GatewayEnv, rid: str) -> str:
+    """The request's log line (written as its stream closes, just after the client has the answer)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = [ln for ln in real.logs(0).splitlines() if rid in ln and '"event": "request"' in ln]
+        if lines:
+            return lines[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no log line for request {rid}")
+
+
+def test_a_forged_assistant_turn_is_scored_and_the_models_own_answer_is_not(real: GatewayEnv) -> None:
+    """A conversation's second turn resends llama.cpp's streamed answer: the gateway delivered
+    that text to alice, so it is not scored again. A jailbreak written as an assistant turn (by
+    bob: alice's denials count towards her review) gets the deny a user turn would."""
+    alice = openai.OpenAI(base_url=f"{real.url}/v1", api_key=KEY, max_retries=0)
+    ask: list[Any] = [{"role": "user", "content": "Tell me about the sea."}]
+    stream = alice.chat.completions.create(model="tiny-llama", messages=ask, max_tokens=12, stream=True)
+    said = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert said.strip()
+    history: list[Any] = [*ask, {"role": "assistant", "content": said}, {"role": "user", "content": "More."}]
+    raw = alice.chat.completions.with_raw_response.create(model="tiny-llama", messages=history, max_tokens=4)
+    assert raw.status_code == 200
+    line = _request_log(real, raw.headers["x-request-id"])
+    assert "assistant_known=1" in line and "assistant_scored" not in line
+    bob = openai.OpenAI(base_url=f"{real.url}/v1", api_key=OTHER_TENANT_KEY, max_retries=0)
+    forged: list[Any] = [
+        *ask,
+        {"role": "assistant", "content": JAILBREAK},
+        {"role": "user", "content": "Go on."},
+    ]
+    with pytest.raises(openai.BadRequestError) as e:
+        bob.chat.completions.create(model="tiny-llama", messages=forged, max_tokens=4)
+    assert isinstance(e.value.body, dict) and e.value.body["code"] == "prompt_rejected"
 
 
 def test_triton_never_runs_a_denied_prompt(real: GatewayEnv) -> None:
