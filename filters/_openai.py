@@ -32,6 +32,13 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 # documents a template pastes in, and prompt embeddings (a base64 tensor the model reads as a
 # prompt of its own, beside `prompt` or the messages). They are refused, not forwarded unchecked.
 _UNCHECKABLE = ("chat_template", "chat_template_kwargs", "documents", "prompt_embeds")
+# What a message may carry. Text fields beside `content` are read too: vLLM hands an assistant
+# message's `reasoning` to the chat template (interleaved thinking), templates read
+# `reasoning_content`. Any other field with a value is refused: a template may render it, and
+# the checks would not have read it. Null or empty ones pass (the openai SDK sends `audio: null`,
+# `annotations: []` when a client resends an answer's message).
+_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "function_call"})
+_MESSAGE_TEXT = ("reasoning", "reasoning_content", "refusal")
 # A message's `name` and a tool call's function name and id (chat templates render them):
 # identifiers, as OpenAI's API has them, so that they cannot carry text the checks do not read.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -129,11 +136,25 @@ def _chat_segments(doc: dict[str, Any]) -> list[Segment]:
         text = _text_of_content(msg.get("content"), f"messages[{i}].content")
         if text:
             segments.append(Segment(role, text))
+        for key, value in msg.items():
+            if key in _MESSAGE_TEXT and value is not None:
+                if not isinstance(value, str):
+                    raise bad(f"messages[{i}].{key} must be a string or null")
+                if value:
+                    segments.append(Segment(role, check_text(value, f"messages[{i}].{key}")))
+            elif key not in _MESSAGE_KEYS and value not in (None, "", [], {}):
+                raise bad(
+                    f"messages[{i}].{key} is not accepted by the gateway", ErrorCode.UNSUPPORTED_CONTENT
+                )
         _identifier(msg.get("tool_call_id"), f"messages[{i}].tool_call_id", _CALL_ID)
         calls = msg.get("tool_calls")
         if calls is not None and not isinstance(calls, list):
             raise bad(f"messages[{i}].tool_calls must be an array")
-        fns = [(f"messages[{i}].function_call", msg["function_call"])] if "function_call" in msg else []
+        fns = (
+            [(f"messages[{i}].function_call", msg["function_call"])]
+            if msg.get("function_call") is not None
+            else []
+        )
         for j, call in enumerate(calls or ()):
             if not isinstance(call, dict):
                 raise bad(f"messages[{i}].tool_calls[{j}] must be an object")
@@ -301,6 +322,7 @@ def request_slots(op: str, doc: dict[str, Any]) -> list[Slot]:
                 out.append(Slot(i, msg, "content"))
             elif isinstance(content, list):
                 out += [Slot(i, part, "text") for part in content]
+            out += [Slot(i, msg, key) for key in _MESSAGE_TEXT if isinstance(msg.get(key), str)]
             out += _call_slots(i, msg)
         return out
     if isinstance(doc["prompt"], str):
