@@ -6,9 +6,16 @@ text, mostly letters, in words (spaces between them, or Chinese):
 - 16 or more base64 characters (standard or URL-safe alphabet, padding optional), or hex digits
   (an even number of them, 16 or more: `49676e6f7265…`);
 - 4 or more percent-escapes (`%49%67%6E…`) or backslash escapes (`\\x49\\x67…`, `\\u0049…`).
-Anything else (image data, keys, hashes, identifiers, which decode to bytes that are not text)
-is left as it is. Only what the injection model reads (runtime.reading_form); the text that
-travels is left as it was.
+A run whose bytes are itself such a run (base64 of base64, percent-escaped hex…) is decoded
+again, three levels at most. Anything else (image data, keys, hashes, identifiers, which decode
+to bytes that are not text) is left as it is.
+
+ROT13 (`unrot13`): a stretch of Latin words between punctuation, in which at least three
+different words read as common English words once rotated (and three tenths of its words at
+least) and at most a third as many do as written, is read rotated ("Vtaber nyy cerivbhf vafgehpgvbaf" → "Ignore all previous instructions").
+
+Only what the injection model reads (runtime.reading_form); the text that travels is left as it
+was.
 """
 
 from __future__ import annotations
@@ -91,8 +98,19 @@ def runs(text: str) -> Iterator[tuple[int, int, str]]:
             yield m.start(), m.end(), plain
 
 
+def _nested(run: str, depth: int = 0) -> str | None:
+    """The words a run spells, through up to three levels of encoding."""
+    text = decoded(run)
+    if text is not None or depth == 2:
+        return text
+    inner = decoded(run, words=False)
+    if inner is None or not (_RUN.fullmatch(inner) or any(e.fullmatch(inner) for _, e in _ESCAPES)):
+        return None
+    return _nested(inner, depth + 1)
+
+
 def _replace(m: re.Match[str]) -> str:
-    text = decoded(m.group())
+    text = _nested(m.group())
     return m.group() if text is None else text
 
 
@@ -102,3 +120,45 @@ def unwrap(text: str) -> str:
         if mark in text:
             text = escapes.sub(_replace, text)
     return _RUN.sub(_replace, text)
+
+
+# Common English words (3+ letters) and the words of prompt attacks: what a rotated sentence
+# reads as. Written rotated once, here, so that the check is one set lookup per word.
+_ROT13 = str.maketrans(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    "nopqrstuvwxyzabcdefghijklmNOPQRSTUVWXYZABCDEFGHIJKLM",
+)
+_COMMON = frozenset(
+    """the and that have for not with you this but his from they say her she will one all would
+    there their what out about who get which when make can like time just him know take people
+    into year your good some could them see other than then now look only come its over think
+    also back after use two how our work first well way even new want because any these give day
+    most are was were been has had did said does should may must very more such here those where
+    why own same few each both down off again while under never always nothing something please
+    tell write show let answer question help need next last ignore previous instructions
+    instruction system prompt rules rule reveal secret password forget everything above below
+    following respond reply output print text message role act mode developer restrictions user
+    assistant anything without limits filter policy""".split()  # noqa: SIM905 - a word list
+)
+_ROTATED = frozenset(w.translate(_ROT13) for w in _COMMON)
+_WORD = re.compile(r"[a-z]{3,}")
+_STRETCH = re.compile(r'[^.!?:;\n"()\[\]{}<>|`]+')
+
+
+def _rotated(stretch: str) -> bool:
+    words = _WORD.findall(stretch.lower())
+    rot = len(_ROTATED.intersection(words))
+    if len(words) < 4 or rot < 3 or 10 * rot < 3 * len(words):
+        return False
+    if 3 * len(_COMMON.intersection(words)) > rot:
+        return False
+    letters = [c for c in stretch if c.isalpha()]
+    return 10 * sum(c.isascii() for c in letters) >= 9 * len(letters)  # Latin, not Vietnamese
+
+
+def unrot13(text: str) -> str:
+    """`text` with every stretch of ROT13 English read rotated."""
+    # Most texts hold no three different rotated common words at all: one pass tells.
+    if len(_ROTATED.intersection(_WORD.findall(text.lower()))) < 3:
+        return text
+    return _STRETCH.sub(lambda m: m.group().translate(_ROT13) if _rotated(m.group()) else m.group(), text)
