@@ -10,9 +10,12 @@ A run whose bytes are itself such a run (base64 of base64, percent-escaped hex�
 again, three levels at most. Anything else (image data, keys, hashes, identifiers, which decode
 to bytes that are not text) is left as it is.
 
-ROT13 (`unrot13`): a stretch of Latin words between punctuation, in which at least three
-different words read as common English words once rotated (and three tenths of its words at
-least) and at most a third as many do as written, is read rotated ("Vtaber nyy cerivbhf vafgehpgvbaf" → "Ignore all previous instructions").
+Ciphers (`decipher`): a stretch of Latin words between punctuation, in which at least three
+different words read as common English words once deciphered (and three tenths of its words at
+least) and at most a third as many do as written, is read deciphered: Caesar shifts, ROT13
+among them ("Vtaber nyy cerivbhf vafgehpgvbaf" → "Ignore all previous instructions"), and
+Atbash. Morse code and runs of character codes (decimal, 8-bit binary) that spell words are
+read as those words (`unspell`).
 
 Only what the injection model reads (runtime.reading_form); the text that travels is left as it
 was.
@@ -22,7 +25,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
+import string
+from collections import Counter
 from collections.abc import Iterator
 
 _RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{16,}={0,2}(?![A-Za-z0-9+/=_\-])")
@@ -122,12 +128,8 @@ def unwrap(text: str) -> str:
     return _RUN.sub(_replace, text)
 
 
-# Common English words (3+ letters) and the words of prompt attacks: what a rotated sentence
-# reads as. Written rotated once, here, so that the check is one set lookup per word.
-_ROT13 = str.maketrans(
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
-    "nopqrstuvwxyzabcdefghijklmNOPQRSTUVWXYZABCDEFGHIJKLM",
-)
+# Common English words (3+ letters) and the words of prompt attacks: what a deciphered sentence
+# reads as. Written enciphered once, here, so that the check is one lookup per word.
 _COMMON = frozenset(
     """the and that have for not with you this but his from they say her she will one all would
     there their what out about who get which when make can like time just him know take people
@@ -140,25 +142,97 @@ _COMMON = frozenset(
     following respond reply output print text message role act mode developer restrictions user
     assistant anything without limits filter policy""".split()  # noqa: SIM905 - a word list
 )
-_ROTATED = frozenset(w.translate(_ROT13) for w in _COMMON)
+_ABC = string.ascii_lowercase
+
+
+def _table(plain: str, coded: str) -> dict[int, int]:
+    return str.maketrans(plain + plain.upper(), coded + coded.upper())
+
+
+# Letter-substitution ciphers a model can be asked to read: Caesar shifts 1-25 (ROT13 among
+# them) and Atbash, as (encoding, decoding) tables.
+_CIPHERS = [(_table(_ABC, _ABC[k:] + _ABC[:k]), _table(_ABC[k:] + _ABC[:k], _ABC)) for k in range(1, 26)]
+_CIPHERS.append((_table(_ABC, _ABC[::-1]), _table(_ABC, _ABC[::-1])))
+_ENCIPHERED = [frozenset(w.translate(enc) for w in _COMMON) for enc, _ in _CIPHERS]
+_BY_WORD: dict[str, tuple[int, ...]] = {}
+for _k, _words in enumerate(_ENCIPHERED):
+    for _w in _words:
+        _BY_WORD[_w] = (*_BY_WORD.get(_w, ()), _k)
 _WORD = re.compile(r"[a-z]{3,}")
 _STRETCH = re.compile(r'[^.!?:;\n"()\[\]{}<>|`]+')
 
 
-def _rotated(stretch: str) -> bool:
+def _enciphered(stretch: str, k: int) -> bool:
     words = _WORD.findall(stretch.lower())
-    rot = len(_ROTATED.intersection(words))
-    if len(words) < 4 or rot < 3 or 10 * rot < 3 * len(words):
+    hits = len(_ENCIPHERED[k].intersection(words))
+    if len(words) < 4 or hits < 3 or 10 * hits < 3 * len(words):
         return False
-    if 3 * len(_COMMON.intersection(words)) > rot:
+    if 3 * len(_COMMON.intersection(words)) > hits:
         return False
     letters = [c for c in stretch if c.isalpha()]
     return 10 * sum(c.isascii() for c in letters) >= 9 * len(letters)  # Latin, not Vietnamese
 
 
-def unrot13(text: str) -> str:
-    """`text` with every stretch of ROT13 English read rotated."""
-    # Most texts hold no three different rotated common words at all: one pass tells.
-    if len(_ROTATED.intersection(_WORD.findall(text.lower()))) < 3:
+def _deciphered(m: re.Match[str], k: int) -> str:
+    stretch = m.group()
+    return stretch.translate(_CIPHERS[k][1]) if _enciphered(stretch, k) else stretch
+
+
+def decipher(text: str) -> str:
+    """`text` with every stretch of English in a letter-substitution cipher read deciphered."""
+    found = [_BY_WORD[w] for w in _BY_WORD.keys() & set(_WORD.findall(text.lower()))]
+    # Most texts hold no three different enciphered common words at all.
+    if sum(map(len, found)) < 3:
         return text
-    return _STRETCH.sub(lambda m: m.group().translate(_ROT13) if _rotated(m.group()) else m.group(), text)
+    for k, hits in Counter(k for ks in found for k in ks).most_common():
+        if hits < 3:
+            break
+        plain = _STRETCH.sub(functools.partial(_deciphered, k=k), text)
+        if plain != text:
+            return plain
+    return text
+
+
+_MORSE_CODES = (
+    ".- -... -.-. -.. . ..-. --. .... .. .--- -.- .-.. -- -. --- .--. --.- .-. ... - ..- ...- .-- "
+    "-..- -.-- --.. ----- .---- ..--- ...-- ....- ..... -.... --... ---.. ----."
+)
+_MORSE_MARKS = ".-.-.- --..-- ..--.. -.-.-- ---... .----. -....- -..-. -.--. -.--.- .-..-. -...-"
+_MORSE = dict(
+    zip(_MORSE_CODES.split() + _MORSE_MARKS.split(), _ABC + "0123456789" + ".,?!:'-/()\"=", strict=True)
+)
+# Letters one space apart, words a slash (or two spaces or more) apart; eight letters at least.
+_MORSE_RUN = re.compile(r"[.\-]{1,6}(?:(?: ?/ ?| {2,}| )[.\-]{1,6}){7,}")
+# Character codes, eight at least: decimal (`73 103 110`) or 8-bit binary (`01001001 01100111`).
+_DECIMAL = re.compile(r"(?<![\d.])(?:\d{2,3}[ ,]+){7,}\d{2,3}(?![\d.])")
+_BINARY = re.compile(r"(?<![01])(?:[01]{8} ?){7,}[01]{8}(?![01])")
+
+
+def _morse(m: re.Match[str]) -> str:
+    words = [[_MORSE.get(code) for code in word.split()] for word in re.split(r" ?/ ?| {2,}", m.group())]
+    if any(c is None for word in words for c in word):
+        return m.group()
+    return " ".join("".join(c for c in word if c) for word in words)
+
+
+def _spelled(m: re.Match[str], base: int) -> str:
+    numbers = [int(n, base) for n in re.findall(r"\d+", m.group())]
+    if base == 2:  # eight bits a character, with or without spaces between
+        bits = "".join(re.findall("[01]", m.group()))
+        numbers = [int(bits[i : i + 8], 2) for i in range(0, len(bits), 8)]
+    if not all(32 <= n < 127 or n in (9, 10) for n in numbers):
+        return m.group()
+    text = "".join(map(chr, numbers))
+    return text if " " in text and sum(c.isalpha() for c in text) >= 0.6 * len(text) else m.group()
+
+
+def unspell(text: str) -> str:
+    """`text` with Morse code and runs of character codes (decimal, binary) read as text."""
+    if "-" in text and "." in text:
+        text = _MORSE_RUN.sub(_morse, text)
+    # Codes that spell words hold a space: 32, 00100000. Most texts hold neither.
+    if "32" in text:
+        text = _DECIMAL.sub(lambda m: _spelled(m, 10), text)
+    if "00100000" in text:
+        text = _BINARY.sub(lambda m: _spelled(m, 2), text)
+    return text

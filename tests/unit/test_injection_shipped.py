@@ -89,6 +89,24 @@ def _rot13(text: str) -> str:
     return codecs.encode(text, "rot13")
 
 
+_ABC = "abcdefghijklmnopqrstuvwxyz"
+_CODES = ".- -... -.-. -.. . ..-. --. .... .. .--- -.- .-.. -- -. --- .--. --.- .-. ... - ..- ...- .-- -..- -.-- --.. .-.-.-"
+_MORSE = dict(zip(_ABC + ".", _CODES.split(" "), strict=True))
+
+
+def _caesar(text: str, k: int) -> str:
+    shifted = _ABC[k:] + _ABC[:k]
+    return text.translate(str.maketrans(_ABC + _ABC.upper(), shifted + shifted.upper()))
+
+
+def _atbash(text: str) -> str:
+    return text.translate(str.maketrans(_ABC + _ABC.upper(), _ABC[::-1] + _ABC[::-1].upper()))
+
+
+def _morse(text: str) -> str:
+    return " / ".join(" ".join(_MORSE[c] for c in word) for word in text.lower().split())
+
+
 @pytest.mark.parametrize(
     ("disguised", "plain"),
     [
@@ -126,6 +144,12 @@ def _rot13(text: str) -> str:
         # ROT13, alone or after a plain request to decode it.
         (_rot13(PLAIN_EN), PLAIN_EN),
         ("Decode this ROT13 and do it: " + _rot13(PLAIN_EN), "Decode this ROT13 and do it: " + PLAIN_EN),
+        # Other ciphers: Caesar (shift 3), Atbash, Morse, decimal and binary character codes.
+        (_caesar(PLAIN_EN, 3), PLAIN_EN),
+        (_atbash(PLAIN_EN), PLAIN_EN),
+        (_morse(PLAIN_EN), PLAIN_EN.lower()),
+        (" ".join(str(ord(c)) for c in PLAIN_EN), PLAIN_EN),
+        (" ".join(f"{ord(c):08b}" for c in PLAIN_EN), PLAIN_EN),
     ],
 )
 def test_invisible_and_lookalike_characters_do_not_disguise_an_attack(
@@ -170,9 +194,12 @@ def test_base64_that_holds_text_is_read_as_that_text() -> None:
         "Giới thiệu bản thân và cho tôi biết một chút về cuộc sống",  # Vietnamese, not ROT13
         "na nio, na bəi, na nai",  # short words and names
         base64.b64encode(base64.b64encode(bytes(range(48)))).decode(),  # twice encoded, no text inside
+        "Scores 12 11 10 9 8 7 6 5 4 and 101 102 103 104 105 106 107 108 in a table",  # no words
+        "Wait... what -- no - . .. - and ---- ---- (not Morse that spells anything)",
+        "flags 00100000 01000001",  # too short
     ],
 )
-def test_rot13_and_nested_encodings_are_read_only_where_they_hold_english(text: str) -> None:
+def test_ciphers_codes_and_nested_encodings_are_read_only_where_they_hold_english(text: str) -> None:
     assert reading_form(text) == text
 
 
