@@ -81,38 +81,48 @@ def decoded(run: str, *, words: bool = True) -> str | None:
     shown = sum(c.isprintable() or c in "\n\t" for c in text)
     if shown < 0.95 * len(text) or len(text) < (8 if words else 4):
         return None
-    if not words:
-        return text
+    return text if not words or _wordy(text) else None
+
+
+def _wordy(text: str) -> bool:
+    """Mostly letters, in words: spaces between them, or Chinese (a random number's bytes can be
+    letters: `wWacg7$d`)."""
     if sum(c.isalpha() for c in text) < 0.5 * len(text):
-        return None
-    # Words: spaces between them, or Chinese (a random number's bytes can be letters: `wWacg7$d`).
-    if not any(c.isspace() for c in text) and 2 * len(_HAN.findall(text)) < len(text):
-        return None
-    return text
+        return False
+    return any(c.isspace() for c in text) or 2 * len(_HAN.findall(text)) >= len(text)
+
+
+def _is_run(text: str) -> bool:
+    return bool(_SHORT_RUN.fullmatch(text) or any(e.fullmatch(text) for _, e in _ESCAPES))
+
+
+def _levels(run: str) -> list[str]:
+    """The texts a run's bytes spell, one per level of encoding (three at most)."""
+    out: list[str] = []
+    while len(out) < 3 and (plain := decoded(run, words=False)) is not None:
+        out.append(plain)
+        if not _is_run(plain):
+            break
+        run = plain
+    return out
+
+
+def _nested(run: str) -> str | None:
+    """The words a run spells, through up to three levels of encoding."""
+    return next((t for t in _levels(run) if len(t) >= 8 and _wordy(t)), None)
 
 
 def runs(text: str) -> Iterator[tuple[int, int, str]]:
-    """(start, end, text) of each encoded run in `text` whose bytes are any text (one level;
-    base64 and hex from 12 characters)."""
+    """(start, end, text) of each encoded run in `text` whose bytes are any text (nested up to
+    three levels; base64 and hex from 12 characters)."""
     for mark, escapes in _ESCAPES:
         if mark in text:
             for m in escapes.finditer(text):
-                if (plain := decoded(m.group(), words=False)) is not None:
+                for plain in _levels(m.group()):
                     yield m.start(), m.end(), plain
     for m in _SHORT_RUN.finditer(text):
-        if (plain := decoded(m.group(), words=False)) is not None:
+        for plain in _levels(m.group()):
             yield m.start(), m.end(), plain
-
-
-def _nested(run: str, depth: int = 0) -> str | None:
-    """The words a run spells, through up to three levels of encoding."""
-    text = decoded(run)
-    if text is not None or depth == 2:
-        return text
-    inner = decoded(run, words=False)
-    if inner is None or not (_RUN.fullmatch(inner) or any(e.fullmatch(inner) for _, e in _ESCAPES)):
-        return None
-    return _nested(inner, depth + 1)
 
 
 def _replace(m: re.Match[str]) -> str:

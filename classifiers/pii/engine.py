@@ -223,7 +223,7 @@ class PiiEngine:
 
     def analyze(self, text: str, *, encoded_runs: bool = True) -> list[Span]:
         """Findings in `text` at or above the threshold, non-overlapping, in text order; PII
-        inside a run of base64, hex or escapes (one level) is found as the whole run."""
+        inside a run of base64, hex or escapes (up to three levels) is found as the whole run."""
         if not text:
             return []
         norm, back = normalize(text)

@@ -58,6 +58,8 @@ POSITIVE = [
     # Encoded (a model asked to "answer in base64"): the whole run is the finding.
     (f"ID: {_b64(ID)} ok", "CN_RESIDENT_ID", _b64(ID)),
     (f"call {_b64(MOBILE)}", "CN_MOBILE", _b64(MOBILE)),  # 15 characters and a padding sign
+    (f"ID: {_b64(_b64(ID))} ok", "CN_RESIDENT_ID", _b64(_b64(ID))),  # encoded twice
+    (f"hex {_b64(MOBILE).encode().hex()}", "CN_MOBILE", _b64(MOBILE).encode().hex()),
     (f"hex {('手机' + MOBILE).encode().hex()}。", "CN_MOBILE", ("手机" + MOBILE).encode().hex()),
     ("card " + "".join(f"%{ord(c):02X}" for c in VISA), "CREDIT_CARD", "".join(f"%{ord(c):02X}" for c in VISA)),
     (f"mail {_b64('zhang.san@example.com')}", "EMAIL_ADDRESS", _b64("zhang.san@example.com")),
