@@ -210,7 +210,11 @@ class PromptInjection(BaseFilter):
             return [False] * len(turns), f",answers_unavailable={type(exc).__name__}"
 
     async def on_settle(self, ctx: RequestContext) -> Decision:
-        """Remember a delivered chat answer, as the client got it, so its next turn is known."""
+        """Remember a delivered chat answer, as the client got it, so its next turn is known.
+
+        Here, before the answer's last message leaves (about 0.2 ms, bench.answers): a client
+        that sends its next turn the moment it has this answer finds it remembered.
+        """
         p, who, answer = ctx.prompt, ctx.principal, ctx.answer
         if (
             self.ledger is None
