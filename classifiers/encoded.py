@@ -31,6 +31,8 @@ import string
 from collections import Counter
 from collections.abc import Iterator
 
+from classifiers.scripts import HAN
+
 _RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{16,}={0,2}(?![A-Za-z0-9+/=_\-])")
 # For PII: a mobile number in base64 is 15 characters and a padding sign.
 _SHORT_RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{12,}={0,2}(?![A-Za-z0-9+/=_\-])")
@@ -42,7 +44,6 @@ _ESCAPES = (
     ("\\u", re.compile(r"\\u[0-9a-fA-F]{4}(?:\\u[0-9a-fA-F]{4}){3,}")),
 )
 _URL_SAFE = str.maketrans("-_", "+/")
-_HAN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 
 def _bytes(run: str) -> bytes | None:
@@ -89,7 +90,7 @@ def _wordy(text: str) -> bool:
     letters: `wWacg7$d`)."""
     if sum(c.isalpha() for c in text) < 0.5 * len(text):
         return False
-    return any(c.isspace() for c in text) or 2 * len(_HAN.findall(text)) >= len(text)
+    return any(c.isspace() for c in text) or 2 * len(HAN.findall(text)) >= len(text)
 
 
 def _is_run(text: str) -> bool:

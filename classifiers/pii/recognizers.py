@@ -32,6 +32,7 @@ from classifiers.pii._checks import (
     iban_ok,
     luhn_ok,
 )
+from classifiers.scripts import HAN
 
 # How far before a match context words are looked for, in characters.
 CONTEXT_WINDOW = 40
@@ -94,7 +95,6 @@ _CARD_WORDS = (
     "card", "account", "debit", "credit", "visa", "mastercard", "amex", "unionpay", "payment", "pay with",
 )  # fmt: skip
 _SSN_WORDS = ("ssn", "social security", "社会安全号", "taxpayer")
-_HAN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 
 @functools.lru_cache(maxsize=64)
@@ -252,7 +252,7 @@ class CardRecognizer(ZtRecognizer):
             entity = CREDIT_CARD
             # A UnionPay card in Chinese text is a Chinese bank card; in English text, a credit card.
             if brand == "unionpay" and (
-                _HAN.search(text, max(0, m.start() - CONTEXT_WINDOW), m.start())
+                HAN.search(text, max(0, m.start() - CONTEXT_WINDOW), m.start())
                 or context(text, m.start(), _CN_CARD_WORDS) > 0
             ):
                 entity = CN_BANK_CARD
@@ -465,16 +465,16 @@ class PersonRecognizer(ZtRecognizer):
         if self._nlp is not None:
             for ent in self._nlp(text).ents:
                 # The English model reads Chinese as one long token: its "names" there are noise.
-                if ent.label_ == "PERSON" and not _HAN.search(ent.text):
+                if ent.label_ == "PERSON" and not HAN.search(ent.text):
                     yield Finding(ent.start_char, ent.end_char, PERSON, 0.85)
-        if self._posseg is not None and _HAN.search(text):
+        if self._posseg is not None and HAN.search(text):
             pos = 0
             for word in self._posseg.cut(text):
                 start = text.find(word.word, pos)
                 if start < 0:
                     continue
                 pos = start + len(word.word)
-                if word.flag == "nr" and len(word.word) >= 2 and _HAN.match(word.word):
+                if word.flag == "nr" and len(word.word) >= 2 and HAN.match(word.word):
                     yield Finding(start, pos, PERSON, 0.6)
 
 

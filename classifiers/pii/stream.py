@@ -26,6 +26,7 @@ from classifiers.pii.recognizers import (
     SPELLED_AT,
     SPELLED_DOT,
 )
+from classifiers.scripts import HAN
 
 # Characters an entity can be made of (after NFKC), and the gaps allowed between digit groups.
 # The full-width full stop too: it stays as it is (Chinese punctuation) but is a dot in an e-mail.
@@ -64,7 +65,7 @@ def safe_cut(text: str, names: tuple[str, ...] = ()) -> int:
     """
     i = len(text)
     if "zh" in names:
-        while i > 0 and len(text) - i < 4 and _HAN.match(text[i - 1]):
+        while i > 0 and len(text) - i < 4 and HAN.match(text[i - 1]):
             i -= 1
     while i > 0 and _entity_char(text[i - 1]):
         i -= 1
@@ -140,9 +141,6 @@ def _spelled_start(s: str) -> int | None:
         if m is None:
             return start
         sep = m.start()
-
-
-_HAN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 
 @dataclass(slots=True)
