@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from classifiers.encoded import decipher, unspell, unwrap
+from classifiers.hant import simplify
 from classifiers.invisible import FOLD
 from classifiers.lookalike import STYLED, unmask
 
@@ -92,14 +93,15 @@ def reading_form(text: str) -> str:
     """The text as the classifier reads it: invisible characters folded (classifiers.invisible),
     fullwidth and styled letters and odd spaces as ASCII, base64 runs that hold text as that text
     (classifiers.encoded, nested up to three levels), English in a Caesar (ROT13) or Atbash
-    cipher, in Morse or in character codes as that English, look-alike letters in Latin words as
-    Latin and spelled-out words joined (classifiers.lookalike). Only what is scored; the upstream
+    cipher, in Morse or in character codes as that English, traditional Chinese as simplified
+    (classifiers.hant), look-alike letters in Latin words as Latin and spelled-out words joined
+    (classifiers.lookalike). Only what is scored; the upstream
     gets the text as it was sent."""
     text = text.translate(_READING)
     plain = decipher(unspell(unwrap(text)))
     if plain != text:  # what was encoded may hide characters of its own
         text = plain.translate(_READING)
-    return unmask(text)
+    return unmask(simplify(text))
 
 
 def text_key(text: str) -> str:
