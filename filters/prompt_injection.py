@@ -158,17 +158,20 @@ class PromptInjection(BaseFilter):
                 texts.append(s.text)
             elif s.role == "assistant" and self.params.assistant != "trust":
                 turns.append(s.text)
-        history = ""
+        unavailable, n_known = "", 0
         if turns and self.params.assistant == "unknown":
-            known, history = await self._delivered(ctx, turns)
+            known, unavailable = await self._delivered(ctx, turns)
             turns = [t for t, k in zip(turns, known, strict=True) if not k]
-            history += f",assistant_known={sum(known)}" if any(known) else ""
-        if turns:
-            history += f",assistant_scored={len(turns)}"
-            texts += turns
+            n_known = sum(known)
+        texts += turns
+        # Counted in metrics (ztgate_findings_total{kind="assistant_scored"}) and in the detail.
+        counts = tuple(
+            (k, n) for k, n in (("assistant_known", n_known), ("assistant_scored", len(turns))) if n
+        )
+        history = unavailable + "".join(f",{k}={n}" for k, n in counts)
         if not texts:
             if history:
-                ctx.verdicts.append(Verdict(self.name, "score", "pass", 0.0, history.lstrip(",")))
+                ctx.verdicts.append(Verdict(self.name, "score", "pass", 0.0, history.lstrip(","), counts))
             return CONTINUE
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -191,10 +194,10 @@ class PromptInjection(BaseFilter):
             + history
         )
         if top >= self.threshold:
-            return self._act(ctx, "score", self.params.action, detail)
+            return self._act(ctx, "score", self.params.action, detail, counts)
         if unread and self.params.too_long == "deny":
-            return self._act(ctx, "length", "deny", detail)
-        ctx.verdicts.append(Verdict(self.name, "score", "pass", 0.0, detail))
+            return self._act(ctx, "length", "deny", detail, counts)
+        ctx.verdicts.append(Verdict(self.name, "score", "pass", 0.0, detail, counts))
         return CONTINUE
 
     async def _delivered(self, ctx: RequestContext, turns: list[str]) -> tuple[list[bool], str]:
@@ -237,12 +240,14 @@ class PromptInjection(BaseFilter):
             log().warning("answer_not_remembered", request_id=ctx.request_id, error=type(exc).__name__)
         return CONTINUE
 
-    def _act(self, ctx: RequestContext, phase: str, action: str, detail: str) -> Decision:
+    def _act(
+        self, ctx: RequestContext, phase: str, action: str, detail: str, counts: tuple[tuple[str, int], ...]
+    ) -> Decision:
         """`action` on this request, or only its record in monitor mode."""
         if self.params.mode == "monitor":
-            ctx.verdicts.append(Verdict(self.name, phase, f"monitor:{action}", 0.0, detail))
+            ctx.verdicts.append(Verdict(self.name, phase, f"monitor:{action}", 0.0, detail, counts))
             return CONTINUE
-        ctx.verdicts.append(Verdict(self.name, phase, action, 0.0, detail))
+        ctx.verdicts.append(Verdict(self.name, phase, action, 0.0, detail, counts))
         if action != "deny":
             return CONTINUE
         if phase == "length":

@@ -248,6 +248,8 @@ async def test_only_the_answers_the_gateway_delivered_to_the_user_go_unscored(
         assert any("assistant_known=1" in v.detail for v in ctx.verdicts)
         d, ctx = await _ask(chain, BOB, _turn(SAID))  # not delivered to bob: his copy is scored
         assert isinstance(d, Deny) and any("assistant_scored=1" in v.detail for v in ctx.verdicts)
+        # ...and counted, for ztgate_findings_total{filter="prompt_injection",kind="assistant_scored"}.
+        assert any(v.counts == (("assistant_scored", 1),) for v in ctx.verdicts)
         d, _ = await _ask(chain, ALICE, _turn(SAID + "!"))
         assert isinstance(d, Deny)  # an edited answer is the client's text
         # The client got a redacted answer: that text is known, the upstream's is not.
