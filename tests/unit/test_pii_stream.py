@@ -187,8 +187,10 @@ def _ctx(path: str = "/v1/chat/completions") -> RequestContext:
     )
 
 
-async def _run_stream(chain: Chain, body: bytes, raw: bytes, chunks: list[bytes], path: str) -> bytes:
-    ctx = _ctx(path)
+async def _run_stream(
+    chain: Chain, body: bytes, raw: bytes, chunks: list[bytes], path: str, ctx: RequestContext | None = None
+) -> bytes:
+    ctx = ctx or _ctx(path)
     assert isinstance(await chain.request_headers(ctx), Continue)
     assert isinstance(await chain.request_body(ctx, body), Continue)
     ctx.response_status = 200
@@ -234,7 +236,8 @@ async def test_openai_sse_through_filters_never_leaks(answers: list[str], cuts: 
     body = json.dumps(
         {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     ).encode()
-    out = await _run_stream(_chain(), body, raw, chunks, "/v1/chat/completions")
+    ctx = _ctx()
+    out = await _run_stream(_chain(), body, raw, chunks, "/v1/chat/completions", ctx)
     got = _events(out)
     assert got[-1] == "[DONE]" and len(got) == len(events) + 1  # the same event sequence
     for idx, text in enumerate(answers):
@@ -247,6 +250,9 @@ async def test_openai_sse_through_filters_never_leaks(answers: list[str], cuts: 
         whole_out, spans = ENGINE.redact(text, TYPED)
         assert _leaks(text, [(s.start, s.end) for s in spans], content, whole_out) == []
         assert ENGINE.analyze(content) == []
+        # What the filters after pii read as the delivered answer (the injection filter remembers
+        # it) is what the client assembled.
+        assert ctx.delivered is not None and ctx.delivered.text(idx) == content
 
 
 async def test_kserve_generate_stream_is_flushed_at_end_of_body() -> None:
@@ -325,3 +331,26 @@ async def test_a_kserve_answer_with_non_text_outputs_is_refused_unless_the_polic
         assert isinstance(d, Continue) and d.body is not None
         out = json.loads(d.body)["outputs"]
         assert out[0]["data"] == ["卡号<CREDIT_CARD>"] and out[1]["data"] == [52, 49, 49]
+
+
+async def test_a_rewritten_whole_answer_is_what_the_filters_after_pii_read_as_delivered() -> None:
+    chain, ctx = _chain(), _ctx()
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    assert isinstance(await chain.request_headers(ctx), Continue)
+    assert isinstance(await chain.request_body(ctx, body), Continue)
+    message = {
+        "role": "assistant",
+        "content": "Call 13800138000 or write to zhang.san@example.com.",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"to": "13900139000"}'}}
+        ],
+    }
+    raw = json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}).encode()
+    ctx.response_status = 200
+    ctx.response_headers = {"content-type": "application/json", "content-length": str(len(raw))}
+    assert isinstance(await chain.response_headers(ctx), Continue)
+    d = await chain.response_chunk(ctx, raw, True)
+    assert isinstance(d, Continue) and d.body is not None
+    sent = json.loads(d.body)["choices"][0]["message"]
+    assert "13800138000" not in d.body.decode() and ctx.delivered is not None
+    assert ctx.delivered.text(0) == sent["content"] + "\n" + sent["tool_calls"][0]["function"]["arguments"]
