@@ -227,10 +227,11 @@ def _morse(m: re.Match[str]) -> str:
 
 
 def _spelled(m: re.Match[str], base: int) -> str:
-    numbers = [int(n, base) for n in re.findall(r"\d+", m.group())]
     if base == 2:  # eight bits a character, with or without spaces between
-        bits = "".join(re.findall("[01]", m.group()))
+        bits = m.group().replace(" ", "")
         numbers = [int(bits[i : i + 8], 2) for i in range(0, len(bits), 8)]
+    else:
+        numbers = [int(n) for n in re.findall(r"\d+", m.group())]
     if not all(32 <= n < 127 or n in (9, 10) for n in numbers):
         return m.group()
     text = "".join(map(chr, numbers))

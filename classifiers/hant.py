@@ -29,7 +29,8 @@ _KANA = re.compile(r"[\u3040-\u30ff]")
 
 
 @functools.cache
-def _table(path: Path = _PATH) -> dict[int, str]:
+def table(path: Path = _PATH) -> dict[int, str]:
+    """The traditional -> simplified table, read once and refused unless its sha256 matches."""
     raw = path.read_bytes()
     digest = hashlib.sha256(raw).hexdigest()
     if digest != HANT_SHA256:
@@ -46,7 +47,7 @@ def simplify(text: str) -> str:
     """`text` with traditional Chinese characters read as simplified (not in Japanese text)."""
     if not HAN.search(text) or _KANA.search(text):
         return text
-    return text.translate(_table())
+    return text.translate(table())
 
 
 def build(cache: Path) -> bytes:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from classifiers import hant
 from classifiers.encoded import decipher, unspell, unwrap
-from classifiers.hant import simplify
 from classifiers.invisible import FOLD
 from classifiers.lookalike import STYLED, unmask
 
@@ -101,7 +101,7 @@ def reading_form(text: str) -> str:
     plain = decipher(unspell(unwrap(text)))
     if plain != text:  # what was encoded may hide characters of its own
         text = plain.translate(_READING)
-    return unmask(simplify(text))
+    return unmask(hant.simplify(text))
 
 
 def text_key(text: str) -> str:
@@ -199,6 +199,10 @@ class InjectionModel:
                 raise ModelError(f"{path}: cannot read ({exc.strerror})") from None
             if got != want:
                 raise ModelError(f"{path}: sha256 {got[:12]}… does not match the manifest's {want[:12]}…")
+        try:
+            hant.table()  # the reading form's table, checked here at start-up, not on a first prompt
+        except (OSError, RuntimeError) as exc:
+            raise ModelError(str(exc)) from None
         self.manifest = manifest
         self.revision = manifest.revision
         self.max_windows = max_windows or manifest.max_windows

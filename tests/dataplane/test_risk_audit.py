@@ -352,16 +352,21 @@ def test_store_window_and_threshold_in_real_redis() -> None:
     asyncio.run(run())
 
 
-def test_a_client_that_leaves_mid_stream_leaves_an_aborted_record(tmp_path: Path) -> None:
+def _counting_stream(n: int) -> list[bytes]:
+    """A streamed chat answer `w0 w1 ...` of `n` words, one SSE event a chunk, then [DONE]."""
     events = [
         {
             "id": "c",
             "object": "chat.completion.chunk",
             "choices": [{"index": 0, "delta": {"content": f"w{i} "}}],
         }
-        for i in range(40)
+        for i in range(n)
     ]
-    chunks = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+    return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+
+
+def test_a_client_that_leaves_mid_stream_leaves_an_aborted_record(tmp_path: Path) -> None:
+    chunks = _counting_stream(40)
     up = ScriptedUpstream("slow", handler=lambda _: streamed(chunks, gap_s=0.05)).start()
     try:
         with _gateway(tmp_path, up.port) as env:
@@ -390,15 +395,7 @@ def test_a_client_that_leaves_mid_stream_leaves_an_aborted_record(tmp_path: Path
 def test_a_client_that_leaves_at_the_answers_end_leaves_an_allowed_record(tmp_path: Path) -> None:
     """The openai SDK stops reading at [DONE] and closes, often before Envoy's last, empty body
     chunk reaches the gateway: that client had the whole answer, so the record says allowed."""
-    events = [
-        {
-            "id": "c",
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": {"content": f"w{i} "}}],
-        }
-        for i in range(5)
-    ]
-    chunks = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+    chunks = _counting_stream(5)
     up = ScriptedUpstream("done", handler=lambda _: streamed(chunks, gap_s=0.01)).start()
     try:
         with _gateway(tmp_path, up.port) as env:

@@ -273,4 +273,4 @@ def test_the_traditional_chinese_table_is_the_pinned_one(tmp_path: Path) -> None
     bad = tmp_path / "hant.tsv"
     bad.write_bytes(hant._PATH.read_bytes() + "後\t后\n".encode())
     with pytest.raises(RuntimeError, match="sha256"):
-        hant._table(bad)
+        hant.table(bad)
