@@ -32,7 +32,6 @@ from filters.base import (
 from filters.chain import BuildEnv, register
 from gateway.audit import WRITER_ENGINE, AuditError, ChainWriter, fingerprint, now
 from gateway.errors import ErrorCode
-from gateway.keyfile import load_or_create
 from gateway.observability import log
 
 RECORD_VERSION = 1
@@ -168,4 +167,4 @@ def _build(env: BuildEnv, params: AuditParams) -> Audit:
     writer = env.engine(
         WRITER_ENGINE, lambda: ChainWriter(s.audit_path / f"{s.instance}-{env.instance}.jsonl")
     )
-    return Audit(writer, env.engine("audit:key", lambda: load_or_create(s.audit_key_path)), params)
+    return Audit(writer, env.audit_key(), params)

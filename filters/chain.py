@@ -41,6 +41,12 @@ class BuildEnv:
     # Engines shared by every chain this process builds (one per policy revision): built once.
     engines: dict[str, Any] = field(default_factory=dict)
 
+    def audit_key(self) -> bytes:
+        """The audit key (keyed fingerprints: the audit record's, the delivered answers'), read once."""
+        from gateway.keyfile import load_or_create
+
+        return self.engine("audit:key", lambda: load_or_create(self.settings.audit_key_path))
+
     def engine(self, name: str, make: Callable[[], T]) -> T:
         """The engine called `name`, made on first use and reused by later chains."""
         if name not in self.engines:

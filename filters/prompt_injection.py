@@ -46,7 +46,6 @@ from filters.base import (
 from filters.chain import BuildEnv, register
 from gateway.answers import AnswerLedger
 from gateway.errors import ErrorCode
-from gateway.keyfile import load_or_create
 from gateway.observability import log
 from gateway.registry import Protocol
 
@@ -269,7 +268,7 @@ def _build(env: BuildEnv, params: InjectionParams) -> PromptInjection:
     if params.assistant == "unknown":
         s = env.settings
         # The audit key: replicas share it, so each knows the answers the others delivered.
-        key = env.engine("audit:key", lambda: load_or_create(s.audit_key_path))
+        key = env.audit_key()
         ledger = env.engine(
             f"answers:{params.answers_timeout_s}",
             lambda: AnswerLedger.from_url(s.redis_url, s.redis_prefix, key, params.answers_timeout_s),
