@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import string
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -166,6 +167,61 @@ def normalize(text: str) -> tuple[str, list[int] | None]:
 # phone number before the ID is replaced, nor after (redaction stays idempotent).
 _PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*(?::[0-9a-f]{10})?>|\[REDACTED\]")
 
+# A word with one run of digits and letters only around it (`ID110000…`, `tel13800138000`,
+# `…2671x`): the recognizers need a non-alphanumeric neighbour, so such a number is also read with
+# a space between its digits and its letters. Only where it can be PII: seven digits or more, or
+# one group of a grouped number (`tel138 0013 8000`, `555-2671x`); `sha256`, `h264` or `file2023`
+# cost no second reading. Hashes and base64 mix letters and digits more than once in a word and
+# are read as written only.
+_DIGIT_RUN = re.compile(r"[0-9][0-9][0-9]+")  # (faster than \d{3,} or look-arounds)
+_LETTERS = frozenset(string.ascii_letters)
+_ALNUM = frozenset(string.ascii_letters + string.digits)
+_GROUP_AFTER = re.compile(r"[ .()-][0-9]")
+_GROUP_BEFORE = re.compile(r"[0-9][ .()-]")
+
+
+def unglued(text: str) -> tuple[str, list[int]] | None:
+    """`text` with a space between the digits and the letters of each glued word, and for every
+    character of it (plus one past the end) the index in `text` of the character it is or, for
+    an added space, of the character after it; None when no word is glued."""
+    cuts: list[int] = []
+    n = len(text)
+    for m in _DIGIT_RUN.finditer(text):
+        a, b = m.span()
+        i, j = a, b
+        while i > 0 and text[i - 1] in _LETTERS:
+            i -= 1
+        while j < n and text[j] in _LETTERS:
+            j += 1
+        pre, post = i < a, b < j
+        if not (pre or post) or (i > 0 and text[i - 1] in _ALNUM) or (j < n and text[j] in _ALNUM):
+            continue  # not glued, or not the word's only run of digits
+        if b - a < 7 and not (
+            (pre and not post and _GROUP_AFTER.match(text, b))
+            or (post and not pre and a >= 2 and _GROUP_BEFORE.match(text, a - 2))
+        ):
+            continue
+        if pre:
+            cuts.append(a)
+        # A resident ID's check character X stays with its digits (17, or a last group of 3).
+        if post and text[b] in "Xx" and b - a in (3, 17):
+            b += 1
+        if b < j:
+            cuts.append(b)
+    if not cuts:
+        return None
+    parts: list[str] = []
+    back: list[int] = []
+    pos = 0
+    for c in cuts:
+        parts += [text[pos:c], " "]
+        back += [*range(pos, c), c]
+        pos = c
+    parts.append(text[pos:])
+    back += [*range(pos, len(text) + 1)]
+    return "".join(parts), back
+
+
 # Every built-in entity contains a digit, an '@' (e-mail, or spelled `[at]`) or a ':' (IPv6):
 # text without any of them skips analysis altogether, which is most streamed prose.
 _MAYBE_PII = re.compile(rf"[0-9@:]|{SPELLED_AT}")
@@ -221,6 +277,11 @@ class PiiEngine:
                 out.append(RecognizerResult(best.entity, start, end, best.score))
         return out
 
+    def _recognize(self, norm: str) -> list[RecognizerResult]:
+        return self._analyzer.analyze(
+            norm, language="en", entities=list(self.entities), score_threshold=self.threshold
+        )
+
     def analyze(self, text: str, *, encoded_runs: bool = True) -> list[Span]:
         """Findings in `text` at or above the threshold, non-overlapping, in text order; PII
         inside a run of base64, hex or escapes (up to three levels) is found as the whole run."""
@@ -236,13 +297,14 @@ class PiiEngine:
             held = [m.span() for m in _PLACEHOLDER.finditer(norm)]
             for a, b in held:
                 norm = norm[:a] + "z" * (b - a) + norm[b:]
-        results = (
-            self._analyzer.analyze(
-                norm, language="en", entities=list(self.entities), score_threshold=self.threshold
-            )
-            if plain
-            else []
-        )
+        results = self._recognize(norm) if plain else []
+        apart = unglued(norm) if plain else None
+        if apart is not None:
+            view, at = apart
+            results += [
+                RecognizerResult(r.entity_type, at[r.start], at[r.end], r.score)
+                for r in self._recognize(view)
+            ]
         results += hidden
         if held:
             results = [r for r in results if not any(r.start < b and a < r.end for a, b in held)]

@@ -164,8 +164,9 @@ class ZtRecognizer(LocalRecognizer):
 
 
 # Digit boundaries: not inside a longer number, a decimal or a dash-joined digit run.
-# Letters too: `example.com13800138000` is not a phone number, and a number glued to letters is
-# an identifier of some other kind (hashes, SKUs). Han characters are not letters here.
+# Letters too, so that no number is found inside a hash; a word with letters only around its
+# digits (`ID110…`, `tel138…`) the engine also reads with a space between them (engine.unglued).
+# Han characters are not letters here.
 _NUM_START = r"(?<![0-9A-Za-z])(?<![0-9][-.,])"
 _NUM_END = r"(?![0-9A-Za-z])(?![-.,][0-9])"
 

@@ -144,7 +144,8 @@ def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed
     c, oai, _ = client
     text = (
         f"您的身份证号是{ID}，银行卡{synth.grouped(CARD)}，请拨打{MOBILE}或{MOBILE_CN}。"
-        "Mail zhang.san [at] example [dot] com or ｌｉ＿ｓｉ＠ｑｑ．ｃｏｍ. Thanks!"
+        "Mail zhang.san [at] example [dot] com or ｌｉ＿ｓｉ＠ｑｑ．ｃｏｍ. "
+        f"Glued: ID{ID}x, tel{MOBILE}. Thanks!"
     )
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(text)), 16))
@@ -157,9 +158,9 @@ def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed
     content = "".join(json.loads(d)["choices"][0]["delta"].get("content", "") for d in datas[:-1])
     assert content == (
         "您的身份证号是<CN_RESIDENT_ID>，银行卡<CREDIT_CARD>，请拨打<CN_MOBILE>或<CN_MOBILE>。"
-        "Mail <EMAIL_ADDRESS> or <EMAIL_ADDRESS>. Thanks!"
+        "Mail <EMAIL_ADDRESS> or <EMAIL_ADDRESS>. Glued: ID<CN_RESIDENT_ID>x, tel<CN_MOBILE>. Thanks!"
     )
-    for secret in (ID, CARD[:8], MOBILE, MOBILE_CN[:4], "zhang", "example", "ｌｉ"):
+    for secret in (ID[:8], CARD[:8], MOBILE[:6], MOBILE_CN[:4], "zhang", "example", "ｌｉ"):
         assert secret.encode() not in got
 
 

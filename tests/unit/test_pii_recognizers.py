@@ -85,6 +85,14 @@ POSITIVE = [
     ("call me at (415) 555-2671 tomorrow", "PHONE_NUMBER", "(415) 555-2671"),
     ("office +44 20 7946 0958", "PHONE_NUMBER", "+44 20 7946 0958"),
     ("Phone: 021-4006034", "PHONE_NUMBER", "021-4006034"),
+    # Glued to letters (a model told to "put an x before each number"): read as if spaced.
+    (f"ID{ID} on file", "CN_RESIDENT_ID", ID),
+    (f"tel{MOBILE}", "CN_MOBILE", MOBILE),
+    (f"x{MOBILE}y", "CN_MOBILE", MOBILE),
+    (f"cardno{VISA}", "CREDIT_CARD", VISA),
+    ("call (415) 555-2671x now", "PHONE_NUMBER", "(415) 555-2671"),
+    ("phone4155552671", "PHONE_NUMBER", "4155552671"),  # the glued word is the context word
+    ("host v192.168.10.23", "IP_ADDRESS", "192.168.10.23"),
 ]  # fmt: skip
 
 
@@ -129,6 +137,9 @@ NEAR_MISSES = [
     "他数了一二三四五六七八九〇一二三四五遍",  # a numeral run that validates as nothing
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==",
     "token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ1c2VyIn0 and Professional International",  # text, no PII
+    # Digits inside a hash or a mixed identifier are not read apart from their letters.
+    f"sha 3f2a9c1b0d{MOBILE}ab12 and commit a1b2{ID}c3",
+    "h264 1080p x86_64 mp3 v2 iPhone15",
     "",
 ]
 

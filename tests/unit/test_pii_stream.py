@@ -45,6 +45,11 @@ _VALUES: list[Callable[[random.Random], str]] = [
     synth.ipv4,
     synth.ipv6,
     lambda r: "(415) 555-2671",
+    # Glued to letters (`ID110…`, `tel138…`, `…2671x`): read with a space between them.
+    lambda r: r.choice(("ID", "tel", "No", "x")) + r.choice((synth.cn_id, synth.cn_mobile, synth.card))(r),
+    lambda r: (
+        r.choice((synth.cn_mobile, synth.card, lambda _: "(415) 555-2671"))(r) + r.choice(("x", "abc", "ok"))
+    ),
     # Invisible characters inside a value (a model told to "put zero-width spaces between the
     # digits"): the client sees the number whole, so it must be found whole.
     lambda r: _hide(synth.cn_id(r), r),
