@@ -260,6 +260,44 @@ class CardRecognizer(ZtRecognizer):
             yield Finding(m.start(), m.end(), entity, score)
 
 
+class RegroupedRecognizer(ZtRecognizer):
+    """A resident ID or a card written in groups of its own (`4 1 1 1 …`, `110105 1949 1231 0021`,
+    `4111.1111.1111.1111`), as a model told to "space the digits out" writes them: every
+    grouping with one-character gaps (space, `.`, `_`, `/`, `-`) of the whole number is read.
+
+    An ID must validate (province, birth date, check character). A card must pass Luhn and
+    belong to a scheme, and be written one digit at a time or follow a card word: dates,
+    times and tables of numbers are otherwise regrouped digits too.
+    """
+
+    ENTITIES = (CN_RESIDENT_ID, CREDIT_CARD, CN_BANK_CARD)
+    _RE = re.compile(
+        r"(?<![0-9A-Za-z])(?<![0-9][ ._/,-])"
+        + r"[0-9]{1,8}(?:[ ._/-][0-9]{1,8}){2,18}"
+        # Whole: no digit group follows; after an ID's check character X none can belong to it.
+        + r"(?:[ ._/-]?[Xx](?![0-9A-Za-z])|(?![0-9A-Za-z])(?![ ._/,-][0-9]))"
+    )
+    _SINGLE = re.compile(r"[0-9Xx](?:[ ._/-][0-9Xx])+")
+
+    def scan(self, text: str) -> Iterator[Finding]:
+        for m in self._RE.finditer(text):
+            digits = "".join(c for c in m.group() if c.isdigit() or c in "Xx")
+            ctx = context(text, m.start(), _CARD_WORDS)
+            if len(digits) == 18 and cn_id_ok(digits):
+                yield Finding(m.start(), m.end(), CN_RESIDENT_ID, 0.9)
+                continue
+            if not digits.isdigit() or not 13 <= len(digits) <= 19 or cn_id_structure(digits):
+                continue
+            brand = card_brand(digits)
+            if brand is None or not luhn_ok(digits) or ctx < 0:
+                continue
+            if ctx > 0 or self._SINGLE.fullmatch(m.group()):
+                entity = (
+                    CN_BANK_CARD if brand == "unionpay" and HAN.search(text, 0, m.start()) else CREDIT_CARD
+                )
+                yield Finding(m.start(), m.end(), entity, 0.85)
+
+
 # Spelled-out separators (`john [at] example [dot] com`, `(AT)`, `{dot}`) and the full-width full
 # stop, which stays as it is (Chinese punctuation, engine.normalize) but types `ｅｘａｍｐｌｅ．ｃｏｍ`.
 # Shared with the engine's prefilter and the stream's hold-back, which must read them alike.
@@ -486,6 +524,7 @@ def builtin(entities: Sequence[str], phone_regions: Sequence[str]) -> list[ZtRec
         CnResidentIdRecognizer,
         CnMobileRecognizer,
         CardRecognizer,
+        RegroupedRecognizer,
         EmailRecognizer,
         IbanRecognizer,
         IpRecognizer,

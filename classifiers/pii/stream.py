@@ -76,8 +76,13 @@ def safe_cut(text: str, names: tuple[str, ...] = ()) -> int:
         while k > 0 and _entity_char(text[k - 1]):
             k -= 1
         token = text[k:j]
-        grows = _has_digit(token) or ("en" in names and token[:1].isupper())
-        if k == j or not grows or len(text) - k > MAX_ENTITY_CHARS:
+        # A lone X may be an ID's check character written apart (`… 7 8 X`).
+        grows = _has_digit(token) or token in ("X", "x") or ("en" in names and token[:1].isupper())
+        if k == j or not grows:
+            break
+        if len(text) - k > MAX_ENTITY_CHARS:
+            # A long run before the gap: hold as far back as an entity could reach into it.
+            i = min(i, max(k, len(text) - MAX_ENTITY_CHARS))
             break
         i = k
     spelled = _spelled_email_start(text)

@@ -93,6 +93,16 @@ POSITIVE = [
     ("call (415) 555-2671x now", "PHONE_NUMBER", "(415) 555-2671"),
     ("phone4155552671", "PHONE_NUMBER", "4155552671"),  # the glued word is the context word
     ("host v192.168.10.23", "IP_ADDRESS", "192.168.10.23"),
+    # Regrouped (a model told to "space the digits out"): a valid ID in any grouping, a card
+    # one digit at a time or after a card word.
+    (f"here: {' '.join(ID)}", "CN_RESIDENT_ID", " ".join(ID)),
+    (f"here {ID[:6]} {ID[6:10]} {ID[10:14]} {ID[14:]}", "CN_RESIDENT_ID", f"{ID[:6]} {ID[6:10]} {ID[10:14]} {ID[14:]}"),
+    (f"证件 {ID[:6]}.{ID[6:14]}.{ID[14:]}", "CN_RESIDENT_ID", f"{ID[:6]}.{ID[6:14]}.{ID[14:]}"),
+    (f"ok {' '.join(VISA)} ok", "CREDIT_CARD", " ".join(VISA)),
+    (f"card {VISA[:3]}-{VISA[3:6]}-{VISA[6:9]}-{VISA[9:12]}-{VISA[12:]}", "CREDIT_CARD",
+     f"{VISA[:3]}-{VISA[3:6]}-{VISA[6:9]}-{VISA[9:12]}-{VISA[12:]}"),
+    (f"card {'_'.join(VISA[i : i + 4] for i in range(0, len(VISA), 4))}", "CREDIT_CARD",
+     "_".join(VISA[i : i + 4] for i in range(0, len(VISA), 4))),
 ]  # fmt: skip
 
 
@@ -140,6 +150,10 @@ NEAR_MISSES = [
     # Digits inside a hash or a mixed identifier are not read apart from their letters.
     f"sha 3f2a9c1b0d{MOBILE}ab12 and commit a1b2{ID}c3",
     "h264 1080p x86_64 mp3 v2 iPhone15",
+    # Regrouped digits that are no card: no card word and not one digit at a time, or no Luhn.
+    f"times {VISA[:4]} {VISA[4:6]} {VISA[6:8]} {VISA[8:10]} {VISA[10:12]} {VISA[12:]}",
+    "at 2026 12 03 17 09 54 12 and 2026/12/03 17:09:54.123",
+    "numbers 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9",
     "",
 ]
 

@@ -45,6 +45,10 @@ _VALUES: list[Callable[[random.Random], str]] = [
     synth.ipv4,
     synth.ipv6,
     lambda r: "(415) 555-2671",
+    # Regrouped: an ID in any grouping, a card one digit at a time.
+    lambda r: r.choice((" ", ".", "-")).join(synth.cn_id(r)),
+    lambda r: " ".join(synth.card(r)),
+    lambda r: _regroup(synth.cn_id(r), (6, 4, 4)),
     # Glued to letters (`ID110…`, `tel138…`, `…2671x`): read with a space between them.
     lambda r: r.choice(("ID", "tel", "No", "x")) + r.choice((synth.cn_id, synth.cn_mobile, synth.card))(r),
     lambda r: (
@@ -71,6 +75,15 @@ def _spell(address: str, r: random.Random) -> str:
         ((" [at] ", " [dot] "), ("(at)", "(dot)"), (" (AT) ", "."), ("＠", "．"), ("［ａｔ］", "．"))
     )
     return user + at + domain.replace(".", dot)
+
+
+def _regroup(value: str, sizes: tuple[int, ...]) -> str:
+    """`value` in groups of `sizes` (the rest as a last group), joined by spaces."""
+    parts, pos = [], 0
+    for n in sizes:
+        parts.append(value[pos : pos + n])
+        pos += n
+    return " ".join([*parts, value[pos:]])
 
 
 def _hide(value: str, r: random.Random) -> str:
