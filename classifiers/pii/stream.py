@@ -17,7 +17,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from classifiers.invisible import FOLD
-from classifiers.pii.engine import CN_NUMERALS, PiiEngine, Replacer, Span, apply, normalize
+from classifiers.pii.engine import CN_NUMERALS, DIGIT_WORDS, PiiEngine, Replacer, Span, apply, normalize
 from classifiers.pii.recognizers import (
     CONTEXT_WINDOW,
     EMAIL_PUNCTUATION,
@@ -57,6 +57,19 @@ def _has_digit(s: str) -> bool:
     return any(c.isdigit() or ord(c) in CN_NUMERALS for c in s)
 
 
+_ENTITY_PUNCTUATION = "".join(c for c in _ENTITY_CHARS if not c.isalnum())
+# How far back a number spelled in words can reach: 19 digits of up to five letters, and gaps.
+_SPELLED_CHARS = 19 * 6 + 8
+
+
+_PIECES = re.compile("[" + re.escape(_ENTITY_PUNCTUATION) + "0-9]+")
+
+
+def _spelled(token: str) -> bool:
+    """Whether `token` spells a digit in words (`three`, `(four`, `2-five`, `five-five-five`)."""
+    return any(w.lower() in DIGIT_WORDS for w in _PIECES.split(token))
+
+
 def safe_cut(text: str, names: tuple[str, ...] = ()) -> int:
     """How much of `text` can be released: everything before what could still grow into PII.
 
@@ -70,19 +83,24 @@ def safe_cut(text: str, names: tuple[str, ...] = ()) -> int:
     while i > 0 and _entity_char(text[i - 1]):
         i -= 1
     # Walk back over digit groups joined by single gaps: one grouped number may still be arriving
-    # (with English names on, capitalized words too: one name may still be arriving).
+    # (with English names on, capitalized words too: one name may still be arriving). How far
+    # back an entity can reach: further once digits spelled in words are among them.
+    reach = _SPELLED_CHARS if _spelled(text[i:]) else MAX_ENTITY_CHARS
     while i > 0 and text[i - 1] in _GAPS:
         k = j = i - 1
         while k > 0 and _entity_char(text[k - 1]):
             k -= 1
         token = text[k:j]
         # A lone X may be an ID's check character written apart (`… 7 8 X`).
-        grows = _has_digit(token) or token in ("X", "x") or ("en" in names and token[:1].isupper())
+        words = _spelled(token)
+        grows = words or _has_digit(token) or token in ("X", "x") or ("en" in names and token[:1].isupper())
         if k == j or not grows:
             break
-        if len(text) - k > MAX_ENTITY_CHARS:
+        if words:
+            reach = _SPELLED_CHARS
+        if len(text) - k > reach:
             # A long run before the gap: hold as far back as an entity could reach into it.
-            i = min(i, max(k, len(text) - MAX_ENTITY_CHARS))
+            i = min(i, max(k, len(text) - reach))
             break
         i = k
     spelled = _spelled_email_start(text)

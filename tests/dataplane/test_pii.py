@@ -23,6 +23,9 @@ RNG = random.Random(4)
 ID = synth.cn_id(RNG)
 CARD = synth.card(RNG, "mastercard")
 MOBILE = synth.cn_mobile(RNG)
+SPELLED = " ".join(
+    ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")[int(d)] for d in MOBILE
+)
 MOBILE_CN = MOBILE.translate({ord(str(d)): "零幺二三四五六七八九"[d] for d in range(10)})  # dictated
 POLICY = """
 version: 1
@@ -145,7 +148,7 @@ def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed
     text = (
         f"您的身份证号是{ID}，银行卡{synth.grouped(CARD)}，请拨打{MOBILE}或{MOBILE_CN}。"
         "Mail zhang.san [at] example [dot] com or ｌｉ＿ｓｉ＠ｑｑ．ｃｏｍ. "
-        f"Glued: ID{ID}x, tel{MOBILE}. Thanks!"
+        f"Glued: ID{ID}x, tel{MOBILE}. Spaced: {' '.join(ID)}; in words: {SPELLED}. Thanks!"
     )
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(text)), 16))
@@ -158,9 +161,20 @@ def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed
     content = "".join(json.loads(d)["choices"][0]["delta"].get("content", "") for d in datas[:-1])
     assert content == (
         "您的身份证号是<CN_RESIDENT_ID>，银行卡<CREDIT_CARD>，请拨打<CN_MOBILE>或<CN_MOBILE>。"
-        "Mail <EMAIL_ADDRESS> or <EMAIL_ADDRESS>. Glued: ID<CN_RESIDENT_ID>x, tel<CN_MOBILE>. Thanks!"
+        "Mail <EMAIL_ADDRESS> or <EMAIL_ADDRESS>. Glued: ID<CN_RESIDENT_ID>x, tel<CN_MOBILE>. "
+        "Spaced: <CN_RESIDENT_ID>; in words: <CN_MOBILE>. Thanks!"
     )
-    for secret in (ID[:8], CARD[:8], MOBILE[:6], MOBILE_CN[:4], "zhang", "example", "ｌｉ"):
+    for secret in (
+        ID[:8],
+        " ".join(ID[:6]),
+        CARD[:8],
+        MOBILE[:6],
+        MOBILE_CN[:4],
+        SPELLED[:20],
+        "zhang",
+        "example",
+        "ｌｉ",
+    ):
         assert secret.encode() not in got
 
 

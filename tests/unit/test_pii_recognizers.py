@@ -31,6 +31,7 @@ def _cn(s: str, numerals: str = "零幺二三四五六七八九") -> str:
     return s.translate({ord(str(d)): numerals[d] for d in range(10)})
 
 
+_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 ID = synth.cn_id(RNG)
 ID_X = next(v for v in (synth.cn_id(RNG) for _ in range(500)) if v.endswith("X"))
 MOBILE = synth.cn_mobile(RNG)
@@ -93,6 +94,11 @@ POSITIVE = [
     ("call (415) 555-2671x now", "PHONE_NUMBER", "(415) 555-2671"),
     ("phone4155552671", "PHONE_NUMBER", "4155552671"),  # the glued word is the context word
     ("host v192.168.10.23", "IP_ADDRESS", "192.168.10.23"),
+    # Spelled out in words (a model told to "write the number in words").
+    (f"call {' '.join(_WORDS[int(d)] for d in MOBILE)} today", "CN_MOBILE", " ".join(_WORDS[int(d)] for d in MOBILE)),
+    ("İstanbul office: call five five five two six seven one", "PHONE_NUMBER", "five five five two six seven one"),
+    ("Phone: Four-One-Five-Five-Five-Five-Two-Six-Seven-One.", "PHONE_NUMBER", "Four-One-Five-Five-Five-Five-Two-Six-Seven-One"),
+    (f"card {' '.join(_WORDS[int(d)] for d in VISA)}", "CREDIT_CARD", " ".join(_WORDS[int(d)] for d in VISA)),
     # Regrouped (a model told to "space the digits out"): a valid ID in any grouping, a card
     # one digit at a time or after a card word.
     (f"here: {' '.join(ID)}", "CN_RESIDENT_ID", " ".join(ID)),
@@ -150,6 +156,8 @@ NEAR_MISSES = [
     # Digits inside a hash or a mixed identifier are not read apart from their letters.
     f"sha 3f2a9c1b0d{MOBILE}ab12 and commit a1b2{ID}c3",
     "h264 1080p x86_64 mp3 v2 iPhone15",
+    "count one two three four five six seven eight nine, then nine eight seven six five four three",
+    "someone said one two three four five six seven eight nine ten eleven",
     # Regrouped digits that are no card: no card word and not one digit at a time, or no Luhn.
     f"times {VISA[:4]} {VISA[4:6]} {VISA[6:8]} {VISA[8:10]} {VISA[10:12]} {VISA[12:]}",
     "at 2026 12 03 17 09 54 12 and 2026/12/03 17:09:54.123",

@@ -32,6 +32,17 @@ _FILLER = [
     "您好，", "我的", "手机", "身份证号是", "银行卡", "谢谢。", "订单号", "call ", "card ", " and ", "\n",
     " ", "  ", "123", "0", "-", ".", "@", "：", "phone: ", "IBAN ", "ok", "Email ", "version 1.2", "x",
 ]  # fmt: skip
+_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+# Regrouped (an ID in any grouping, a card one digit at a time) or spelled out in English words.
+# Spaces are inside these, so digits that touch them across spaces are part of one sequence:
+# the generator puts a `，` there (docs/pii.md, "Limits").
+_SPACED: list[Callable[[random.Random], str]] = [
+    lambda r: r.choice((" ", ".", "-")).join(synth.cn_id(r)),
+    lambda r: " ".join(synth.card(r)),
+    lambda r: _regroup(synth.cn_id(r), (6, 4, 4)),
+    lambda r: r.choice((" ", "-")).join(_WORDS[int(d)] for d in synth.cn_mobile(r)),
+    lambda r: " ".join(_WORDS[int(d)] for d in synth.card(r)),
+]
 _VALUES: list[Callable[[random.Random], str]] = [
     synth.cn_id,
     lambda r: synth.cn_id(r, valid=False),
@@ -45,10 +56,6 @@ _VALUES: list[Callable[[random.Random], str]] = [
     synth.ipv4,
     synth.ipv6,
     lambda r: "(415) 555-2671",
-    # Regrouped: an ID in any grouping, a card one digit at a time.
-    lambda r: r.choice((" ", ".", "-")).join(synth.cn_id(r)),
-    lambda r: " ".join(synth.card(r)),
-    lambda r: _regroup(synth.cn_id(r), (6, 4, 4)),
     # Glued to letters (`ID110…`, `tel138…`, `…2671x`): read with a space between them.
     lambda r: r.choice(("ID", "tel", "No", "x")) + r.choice((synth.cn_id, synth.cn_mobile, synth.card))(r),
     lambda r: (
@@ -66,6 +73,7 @@ _VALUES: list[Callable[[random.Random], str]] = [
     lambda r: synth.cn_mobile(r).encode().hex(),
     # Dictated in Chinese numerals: no ASCII digit, yet a number to hold back and redact.
     lambda r: synth.cn_mobile(r).translate({ord(str(d)): "零幺二三四五六七八九"[d] for d in range(10)}),
+    *_SPACED,
 ]
 
 
@@ -101,12 +109,19 @@ def texts(draw: st.DrawFn) -> str:
         )
     )
     out: list[str] = []
+    spaced = {_VALUES.index(f) for f in _SPACED}
     for i, p in enumerate(parts):
         if isinstance(p, int) and i and isinstance(parts[i - 1], int):
             # Two entities glued with nothing between them are one digit soup, not two values:
             # docs/pii.md, "Limits". Fillers of any kind (digits, dots, dashes) may touch them.
             out.append(rng.choice((" ", "，", "; ", "\n")))
-        out.append(p if isinstance(p, str) else _VALUES[p](rng))
+        piece = p if isinstance(p, str) else _VALUES[p](rng)
+        before = "".join(out).rstrip(" ")
+        if before and (p in spaced or (i and parts[i - 1] in spaced)):
+            ahead = piece.lstrip(" ")
+            if (p in spaced and before[-1].isdigit()) or (p not in spaced and ahead[:1].isdigit()):
+                out.append("，")
+        out.append(piece)
     return "".join(out)
 
 
