@@ -206,6 +206,15 @@ class CnMobileRecognizer(ZtRecognizer):
             yield Finding(m.start(), m.end(), CN_MOBILE, score)
 
 
+def _card_entity(text: str, start: int, brand: str) -> str:
+    """A UnionPay card in Chinese text is a Chinese bank card; in English text, a credit card."""
+    if brand == "unionpay" and (
+        HAN.search(text, max(0, start - CONTEXT_WINDOW), start) or context(text, start, _CN_CARD_WORDS) > 0
+    ):
+        return CN_BANK_CARD
+    return CREDIT_CARD
+
+
 class CardRecognizer(ZtRecognizer):
     """Payment cards of every scheme and length (Luhn-checked), grouped by 4 (or 4-6-5) or not.
 
@@ -250,14 +259,7 @@ class CardRecognizer(ZtRecognizer):
                 score = 0.55
             else:
                 score = 0.85
-            entity = CREDIT_CARD
-            # A UnionPay card in Chinese text is a Chinese bank card; in English text, a credit card.
-            if brand == "unionpay" and (
-                HAN.search(text, max(0, m.start() - CONTEXT_WINDOW), m.start())
-                or context(text, m.start(), _CN_CARD_WORDS) > 0
-            ):
-                entity = CN_BANK_CARD
-            yield Finding(m.start(), m.end(), entity, score)
+            yield Finding(m.start(), m.end(), _card_entity(text, m.start(), brand), score)
 
 
 class RegroupedRecognizer(ZtRecognizer):
@@ -282,20 +284,17 @@ class RegroupedRecognizer(ZtRecognizer):
     def scan(self, text: str) -> Iterator[Finding]:
         for m in self._RE.finditer(text):
             digits = "".join(c for c in m.group() if c.isdigit() or c in "Xx")
-            ctx = context(text, m.start(), _CARD_WORDS)
             if len(digits) == 18 and cn_id_ok(digits):
                 yield Finding(m.start(), m.end(), CN_RESIDENT_ID, 0.9)
                 continue
             if not digits.isdigit() or not 13 <= len(digits) <= 19 or cn_id_structure(digits):
                 continue
             brand = card_brand(digits)
-            if brand is None or not luhn_ok(digits) or ctx < 0:
+            if brand is None or not luhn_ok(digits):
                 continue
-            if ctx > 0 or self._SINGLE.fullmatch(m.group()):
-                entity = (
-                    CN_BANK_CARD if brand == "unionpay" and HAN.search(text, 0, m.start()) else CREDIT_CARD
-                )
-                yield Finding(m.start(), m.end(), entity, 0.85)
+            ctx = context(text, m.start(), _CARD_WORDS)
+            if ctx > 0 or (ctx == 0 and self._SINGLE.fullmatch(m.group())):
+                yield Finding(m.start(), m.end(), _card_entity(text, m.start(), brand), 0.85)
 
 
 # Spelled-out separators (`john [at] example [dot] com`, `(AT)`, `{dot}`) and the full-width full

@@ -57,12 +57,10 @@ def _has_digit(s: str) -> bool:
     return any(c.isdigit() or ord(c) in CN_NUMERALS for c in s)
 
 
-_ENTITY_PUNCTUATION = "".join(c for c in _ENTITY_CHARS if not c.isalnum())
 # How far back a number spelled in words can reach: 19 digits of up to five letters, and gaps.
 _SPELLED_CHARS = 19 * 6 + 8
-
-
-_PIECES = re.compile("[" + re.escape(_ENTITY_PUNCTUATION) + "0-9]+")
+# What separates the words of a token (`(four`, `2-five`, `five-five-five`).
+_PIECES = re.compile("[" + re.escape("".join(c for c in _ENTITY_CHARS if not c.isalpha())) + "]+")
 
 
 def _spelled(token: str) -> bool:
@@ -91,8 +89,8 @@ def safe_cut(text: str, names: tuple[str, ...] = ()) -> int:
         while k > 0 and _entity_char(text[k - 1]):
             k -= 1
         token = text[k:j]
-        # A lone X may be an ID's check character written apart (`… 7 8 X`).
         words = _spelled(token)
+        # A lone X may be an ID's check character written apart (`… 7 8 X`).
         grows = words or _has_digit(token) or token in ("X", "x") or ("en" in names and token[:1].isupper())
         if k == j or not grows:
             break
