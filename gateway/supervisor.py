@@ -142,7 +142,17 @@ class Gateway:
         cfg = envoy_config.write(self.settings, self.registry, self.run_dir / "envoy.json")
         self.envoy = Proc(
             "envoy",
-            [envoy_binary(), "-c", str(cfg), "--log-level", "warn", "--disable-hot-restart"],
+            # Access-log lines are flushed every second (Envoy's default is every 10 s).
+            [
+                envoy_binary(),
+                "-c",
+                str(cfg),
+                "--log-level",
+                "warn",
+                "--disable-hot-restart",
+                "--file-flush-interval-msec",
+                "1000",
+            ],
             self.run_dir / "logs" / "envoy.log",
         )
         self.procs.append(self.envoy.start())
