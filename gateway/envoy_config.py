@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,43 +78,102 @@ def _cluster(
     return c
 
 
-# Envoy-generated replies, matched by status or by Envoy's response code details, → (the status
-# the client gets, user-safe code, message). Anything else ≥ 400: gateway_error.
-_LOCAL_REPLIES: tuple[tuple[int | None, str | None, int | None, str, str], ...] = (
+@dataclass(frozen=True)
+class _LocalReply:
+    """One kind of Envoy-generated reply: how it is matched, and what the client gets instead."""
+
+    code: str  # user-safe, stable (docs/errors.md)
+    message: str  # a fixed text (a '%' would be read as an Envoy format command)
+    status: int | None = None  # match on Envoy's status
+    details: tuple[str, ...] = ()  # or on its response code details (a trailing '.' is a prefix)
+    new_status: int | None = None  # the status the client gets (default: Envoy's)
+    # Refused while Envoy read the request, before the request id was generated: the reply says
+    # so rather than carry an id that names nothing in the logs (the access log has the details).
+    before_request_id: bool = False
+
+
+# Matched in order; anything else ≥ 400 is gateway_error.
+_LOCAL_REPLIES: tuple[_LocalReply, ...] = (
+    _LocalReply(
+        "invalid_path",
+        "the path holds an escaped slash or backslash, or cannot be normalized",
+        details=("path_normalization_failed",),
+        before_request_id=True,
+    ),
+    _LocalReply(
+        "headers_too_large",
+        "the request headers are too large",
+        status=431,
+        before_request_id=True,
+    ),
+    _LocalReply(
+        "http_version_unsupported",
+        "HTTP/1.0 and HTTP/0.9 are not accepted: use HTTP/1.1 or HTTP/2",
+        details=("low_version",),
+        before_request_id=True,
+    ),
+    # Not valid HTTP: the codec's own refusals (a bad header name, Content-Length with chunked
+    # encoding, garbage), or a request line Envoy cannot route at all.
+    _LocalReply(
+        "malformed_request",
+        "the request is not valid HTTP",
+        details=(
+            "http1.",
+            "http2.",
+            "missing_host_header",
+            "missing_path_rejected",
+            "absolute_path_rejected",
+        ),
+        before_request_id=True,
+    ),
     # A whole answer that outgrew the buffer it is checked in: the model server's fault, as when
     # the chain refuses one whose content-length says so (filters/protocol.py).
-    (
-        None,
-        "response_payload_too_large",
-        502,
+    _LocalReply(
         "answer_too_large",
         "the model server's answer is too large to check",
+        details=("response_payload_too_large",),
+        new_status=502,
     ),
-    (413, None, None, "body_too_large", "the request body is too large"),
-    (503, None, None, "upstream_unavailable", "the model server is unavailable"),
-    (504, None, None, "gateway_timeout", "the gateway timed out"),
-    (None, None, None, "gateway_error", "the gateway could not complete the request"),
+    _LocalReply("body_too_large", "the request body is too large", status=413),
+    _LocalReply("upstream_unavailable", "the model server is unavailable", status=503),
+    _LocalReply("gateway_timeout", "the gateway timed out", status=504),
+    _LocalReply("gateway_error", "the gateway could not complete the request"),
 )
+
+
+def _details_condition(details: tuple[str, ...]) -> str:
+    one = [
+        f"response.code_details.startsWith('{d}')" if d.endswith(".") else f"response.code_details == '{d}'"
+        for d in details
+    ]
+    return one[0] if len(one) == 1 else "(" + " || ".join(one) + ")"
 
 
 def _local_reply_mappers() -> list[dict[str, Any]]:
     mappers: list[dict[str, Any]] = []
-    for status, details, new_status, code, message in _LOCAL_REPLIES:
+    for reply in _LOCAL_REPLIES:
+        suffix = (
+            "(refused before a request id was assigned)"
+            if reply.before_request_id
+            else "(request id %REQ(X-REQUEST-ID)%)"
+        )
+        message = f"{reply.message} {suffix}"
         for kserve in (True, False):
             cond = ["!response.code_details.startsWith('ztgate_')"]
-            if details:
-                cond.append(f"response.code_details == '{details}'")
-            cond.append(f"response.code == {status}" if status else "response.code >= 400")
+            if reply.details:
+                cond.append(_details_condition(reply.details))
+            cond.append(f"response.code == {reply.status}" if reply.status else "response.code >= 400")
             if kserve:
+                # A codec error has no path: such a reply takes the OpenAI shape.
                 cond.append("request.path.startsWith('/v2')")
-                body: dict[str, Any] = {"error": f"{message} (request id %REQ(X-REQUEST-ID)%)", "code": code}
+                body: dict[str, Any] = {"error": message, "code": reply.code}
             else:
                 body = {
                     "error": {
-                        "message": f"{message} (request id %REQ(X-REQUEST-ID)%)",
+                        "message": message,
                         "type": "gateway_error",
                         "param": None,
-                        "code": code,
+                        "code": reply.code,
                     }
                 }
             body["request_id"] = "%REQ(X-REQUEST-ID)%"
@@ -129,7 +189,7 @@ def _local_reply_mappers() -> list[dict[str, Any]]:
                         }
                     },
                     "body_format_override": {"json_format": body},
-                    **({"status_code": new_status} if new_status else {}),
+                    **({"status_code": reply.new_status} if reply.new_status else {}),
                 }
             )
     return mappers

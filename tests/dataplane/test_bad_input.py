@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.harness import ScriptedUpstream
+from tests.harness import KEY, GatewayEnv, ScriptedUpstream
 
 CHAT_PATH = "/v1/chat/completions"
 OK_MSGS = [{"role": "user", "content": "hi"}]
@@ -252,3 +255,116 @@ def test_compressed_request_body_is_refused(client: httpx.Client, openai_up: Scr
     )
     _openai_error(r, 415, "unsupported_content")
     assert openai_up.requests == []
+
+
+def _raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, Any]]:
+    """Send bytes no HTTP client would send; the status and the JSON body of Envoy's reply."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    assert port is not None
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):  # Envoy closes the connection after these refusals
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+_AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code", "details", "kserve"),
+    [
+        (
+            b"POST /v1%2Fchat/completions HTTP/1.1\r\nHost: a\r\n" + _AUTH + b"Content-Length: 2\r\n\r\n{}",
+            400,
+            "invalid_path",
+            "path_normalization_failed",
+            False,
+        ),
+        (
+            b"GET /v2%5Cmodels HTTP/1.1\r\nHost: a\r\n" + _AUTH + b"\r\n",
+            400,
+            "invalid_path",
+            "path_normalization_failed",
+            True,
+        ),
+        (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\n"
+            + _AUTH
+            + b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            400,
+            "malformed_request",
+            "http1.content_length_and_chunked_not_allowed",
+            False,
+        ),
+        (
+            b"GET /v1/models HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n",
+            400,
+            "malformed_request",
+            "http1.",
+            False,
+        ),
+        (
+            b"GET /v1/models HTTP/1.1\r\n" + _AUTH + b"\r\n",
+            400,
+            "malformed_request",
+            "missing_host_header",
+            False,
+        ),
+        (b"\x16\x03\x01 not http\r\n\r\n", 400, "malformed_request", "http1.codec_error", False),
+        (
+            b"GET /v1/models HTTP/1.1\r\nHost: a\r\nX-Big: " + b"a" * (70 << 10) + b"\r\n\r\n",
+            431,
+            "headers_too_large",
+            "http1.headers_too_large",
+            False,
+        ),
+        (
+            b"GET /v1/models HTTP/1.0\r\nHost: a\r\n" + _AUTH + b"\r\n",
+            426,
+            "http_version_unsupported",
+            "low_version",
+            False,
+        ),
+    ],
+    ids=[
+        "escaped-slash",
+        "backslash-kserve",
+        "length-and-chunked",
+        "bad-header-name",
+        "no-host",
+        "not-http",
+        "huge-headers",
+        "http-1.0",
+    ],
+)
+def test_requests_envoy_refuses_before_a_request_id(
+    gateway: GatewayEnv,
+    client: httpx.Client,
+    openai_up: ScriptedUpstream,
+    kserve_up: ScriptedUpstream,
+    request_bytes: bytes,
+    status: int,
+    code: str,
+    details: str,
+    kserve: bool,
+) -> None:
+    logged = f'"details":"{details}'
+    before = gateway.logs(0).count(logged)
+    got, doc = _raw_exchange(gateway.url, request_bytes)
+    assert got == status, doc
+    # Refused while Envoy read the request: no id to give, and the reply says so rather than name
+    # an id no log holds. The access log has Envoy's details for the operator.
+    assert doc["request_id"] is None
+    if kserve:
+        assert doc["code"] == code and doc["error"].endswith("(refused before a request id was assigned)")
+    else:
+        err = doc["error"]
+        assert err["code"] == code and err["message"].endswith("(refused before a request id was assigned)")
+    deadline = time.monotonic() + 5  # Envoy flushes its access log every second
+    while gateway.logs(0).count(logged) == before:
+        assert time.monotonic() < deadline, "the access log has no record of the refusal"
+        time.sleep(0.1)
+    assert openai_up.requests == [] and kserve_up.requests == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -284,3 +284,47 @@ def test_code_details_read_from_envoys_attributes() -> None:
     ext = envoy_config.render(Settings(worker_ports=(1,)), Registry.from_yaml(REG))
     hcm = ext["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     assert hcm["http_filters"][0]["typed_config"]["response_attributes"] == [cv.CODE_DETAILS]
+
+
+def test_envoys_own_replies_have_a_code_each_and_the_catch_all_comes_last() -> None:
+    doc = envoy_config.render(Settings(worker_ports=(1,)), Registry.from_yaml(REG))
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    mappers = hcm["local_reply_config"]["mappers"]
+
+    def code(m: dict[str, Any]) -> str:
+        body = m["body_format_override"]["json_format"]
+        return str(body["code"] if isinstance(body["error"], str) else body["error"]["code"])
+
+    def message(m: dict[str, Any]) -> str:
+        body = m["body_format_override"]["json_format"]
+        return str(body["error"] if isinstance(body["error"], str) else body["error"]["message"])
+
+    def expr(m: dict[str, Any]) -> str:
+        return str(m["filter"]["extension_filter"]["typed_config"]["expression"])
+
+    codes = [code(m) for m in mappers]
+    # One KServe-shaped and one OpenAI-shaped mapper per reply, the KServe one first (it is narrower).
+    assert codes[::2] == codes[1::2]
+    assert all("request.path.startsWith('/v2')" in expr(m) for m in mappers[::2])
+    assert not any("/v2" in expr(m) for m in mappers[1::2])
+    assert codes[-1] == "gateway_error" and codes.count("gateway_error") == 2
+    assert "code_details" not in expr(mappers[-1]).replace("!response.code_details.startsWith('ztgate_')", "")
+    # The chain's own denials already carry their JSON: no mapper rewrites them.
+    assert all(expr(m).startswith("!response.code_details.startsWith('ztgate_') && ") for m in mappers)
+    # Refusals while Envoy still reads the request say there is no id; the others name it.
+    early = {"invalid_path", "malformed_request", "headers_too_large", "http_version_unsupported"}
+    for m in mappers:
+        body = m["body_format_override"]["json_format"]
+        assert body["request_id"] == "%REQ(X-REQUEST-ID)%"
+        if code(m) in early:
+            assert message(m).endswith("(refused before a request id was assigned)")
+            assert "%" not in message(m)
+        else:
+            assert message(m).endswith("(request id %REQ(X-REQUEST-ID)%)")
+            assert message(m).count("%") == 2
+    by_code = {code(m): expr(m) for m in mappers[1::2]}
+    assert "response.code_details.startsWith('http1.')" in by_code["malformed_request"]
+    assert "response.code_details == 'missing_host_header'" in by_code["malformed_request"]
+    assert "response.code == 431" in by_code["headers_too_large"]
+    assert "response.code_details == 'low_version'" in by_code["http_version_unsupported"]
+    assert mappers[codes.index("answer_too_large")]["status_code"] == 502
