@@ -252,6 +252,21 @@ def non_text_outputs(doc: Any) -> list[tuple[str, str]]:
     ]
 
 
+def non_text_fields(doc: Any) -> list[tuple[str, str]]:
+    """(name, kind) of a generate answer's (or stream event's) outputs that are arrays holding
+    numbers or booleans (token ids, log-probabilities): the gateway cannot read them as text.
+    Scalars (a sequence id, a token count, an end flag) are metadata and pass."""
+    if not isinstance(doc, dict) or "error" in doc:
+        return []
+    return [
+        (key, "an array of numbers")
+        for key, value in doc.items()
+        if key not in _METADATA
+        and isinstance(value, list)
+        and any(isinstance(v, bool | int | float) for v in value)
+    ]
+
+
 def parse_request(kp: KPath, body: bytes, header_length: str | None) -> Prompt:
     """Validate an infer/generate body and extract its text; ProtocolError if malformed."""
     json_part, binary = split_binary(body, header_length, "request body")

@@ -95,8 +95,9 @@ class PiiParams(BaseModel):
     )
     non_text_outputs: Literal["deny", "pass"] = Field(
         default="deny",
-        description="A KServe infer answer with outputs that are not BYTES (token ids, scores) while "
-        "answers are redacted: deny (502, the gateway cannot read them) or pass them unread.",
+        description="A KServe answer holding outputs that are not text while answers are redacted "
+        "(infer: a tensor that is not BYTES; generate and generate_stream: an array of numbers, such "
+        "as token ids or scores): deny (502, the gateway cannot read them) or pass them unread.",
     )
     phone_regions: list[str] = Field(
         default_factory=lambda: ["US", "CN"],
@@ -267,6 +268,11 @@ class PiiRedactor(BaseFilter):
             return CONTINUE
         st = self._state(ctx)
         if st.stream is not None:
+            if p.protocol is Protocol.KSERVE_V2 and self.deny_non_text:
+                for ev in answer.chunk_events:
+                    unread = _kserve.non_text_fields(ev.doc)
+                    if unread:
+                        return _non_text(*unread[0])
             return Continue(
                 body=self._stream_chunk(
                     st, st.stream, p.protocol, p.operation, answer.chunk_events, end=end, seen=ctx.delivered
@@ -278,16 +284,14 @@ class PiiRedactor(BaseFilter):
             return CONTINUE
         if not end or answer.document is None or answer.upstream_error:
             return CONTINUE
-        if p.protocol is Protocol.KSERVE_V2 and p.operation == _kserve.INFER and self.deny_non_text:
-            unread = _kserve.non_text_outputs(answer.document)
+        if p.protocol is Protocol.KSERVE_V2 and self.deny_non_text:
+            unread = (
+                _kserve.non_text_outputs(answer.document)
+                if p.operation == _kserve.INFER
+                else _kserve.non_text_fields(answer.document)
+            )
             if unread:
-                name, datatype = unread[0]
-                return Deny(
-                    502,
-                    ErrorCode.UPSTREAM_BAD_RESPONSE,
-                    f"the model's output {name!r} is {datatype}, not text: the gateway cannot check it "
-                    "for personal data",
-                )
+                return _non_text(*unread[0])
         fix = self._fixer(st, "response")
         size = sum(len(answer.text(i)) for i in answer.choices)
         # Most answers hold no PII: then the upstream's bytes go on untouched.
@@ -376,6 +380,15 @@ class PiiRedactor(BaseFilter):
             action = "monitor" if self._shadow(ctx) else "redact"
             ctx.verdicts.append(Verdict(self.name, "end", action, 0.0, detail, counts))
         return CONTINUE
+
+
+def _non_text(name: str, kind: str) -> Deny:
+    """An answer output the gateway cannot read is refused, not passed unread (`non_text_outputs`)."""
+    return Deny(
+        502,
+        ErrorCode.UPSTREAM_BAD_RESPONSE,
+        f"the model's output {name!r} is {kind}, not text: the gateway cannot check it for personal data",
+    )
 
 
 _UNREDACTABLE = Deny(

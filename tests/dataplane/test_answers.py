@@ -134,3 +134,31 @@ def test_compressed_answer_is_refused(client: httpx.Client, openai_up: ScriptedU
     r = client.post("/v1/chat/completions", json={**CHAT, "stream": False})
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_bad_response"
+
+
+def test_token_ids_in_kserve_generate_answers_are_not_passed_unread(
+    client: httpx.Client, kserve_up: ScriptedUpstream
+) -> None:
+    """Token ids could spell what the gateway redacts (the default policy redacts answers):
+    a whole answer holding them is refused, a stream is cut before the event that holds them."""
+    ids = [52, 49, 49, 49]  # "4111…" as byte tokens
+    kserve_up.handler = lambda _r: json_answer({"model_name": "echo", "text_output": "ok", "output_ids": ids})
+    r = client.post("/v2/models/echo/generate", json={"text_input": "x"})
+    assert r.status_code == 502, r.text
+    doc = r.json()
+    assert doc["code"] == "upstream_bad_response" and "'output_ids'" in doc["error"]
+    assert r.headers["x-request-id"] in doc["error"] and "52" not in r.text
+
+    first = {"model_name": "echo", "text_output": "ok", "sequence_id": 7}  # a scalar: metadata, passes
+    events = [
+        b"data: " + json.dumps(e).encode() + b"\n\n"
+        for e in (first, {"model_name": "echo", "output_ids": ids})
+    ]
+    kserve_up.handler = lambda _r: streamed(events, gap_s=0.05)
+    received = b""
+    stream = client.stream("POST", "/v2/models/echo/generate_stream", json={"text_input": "x"})
+    with pytest.raises(httpx.HTTPError), stream as r:  # noqa: PT012
+        assert r.status_code == 200
+        for chunk in r.iter_raw():
+            received += chunk
+    assert b"output_ids" not in received and b"52" not in received

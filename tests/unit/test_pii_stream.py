@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from bench import pii_synth as synth
 from classifiers.pii.engine import PiiEngine, Replacement, replacer
 from classifiers.pii.stream import HOLD_LIMIT, StreamRedactor, safe_cut
-from filters.base import Continue, Deny, RequestContext
+from filters.base import Continue, Decision, Deny, RequestContext
 from filters.chain import BuildEnv, Chain, build_with_params
 from gateway.registry import Registry
 from gateway.settings import Settings
@@ -364,6 +364,46 @@ async def test_a_kserve_answer_with_non_text_outputs_is_refused_unless_the_polic
         assert isinstance(d, Continue) and d.body is not None
         out = json.loads(d.body)["outputs"]
         assert out[0]["data"] == ["卡号<CREDIT_CARD>"] and out[1]["data"] == [52, 49, 49]
+
+
+@pytest.mark.parametrize(("setting", "status"), [(None, 502), ("pass", 200)])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_kserve_generate_answer_with_token_ids_is_refused_unless_the_policy_passes_it(
+    setting: str | None, status: int, stream: bool
+) -> None:
+    """As for infer: an array of numbers in a generate answer (token ids spelling a card) is not
+    passed unread; scalars (a sequence id, a token count, an end flag) are metadata and pass."""
+    chain = _chain(**({"non_text_outputs": setting} if setting else {}))
+
+    async def answered(*docs: Mapping[str, object]) -> list[Decision]:
+        ctx = _ctx("/v2/models/m/generate_stream" if stream else "/v2/models/m/generate")
+        await chain.request_headers(ctx)
+        assert isinstance(await chain.request_body(ctx, json.dumps({"text_input": "hi"}).encode()), Continue)
+        ctx.response_status = 200
+        ctx.response_headers = {"content-type": "text/event-stream" if stream else "application/json"}
+        await chain.response_headers(ctx)
+        if not stream:
+            return [await chain.response_chunk(ctx, json.dumps(docs[0], ensure_ascii=False).encode(), True)]
+        events = [b"data: " + json.dumps(e, ensure_ascii=False).encode() + b"\n\n" for e in docs]
+        return [await chain.response_chunk(ctx, e, i == len(events) - 1) for i, e in enumerate(events)]
+
+    plain = {
+        "model_name": "m",
+        "text_output": "ok",
+        "sequence_id": 7,
+        "num_output_tokens": 3,
+        "sequence_end": True,
+    }
+    ids = {"model_name": "m", "text_output": "卡号", "output_ids": [52, 49, 49]}
+    assert all(isinstance(d, Continue) for d in await answered(plain))
+    got = await answered(plain, ids) if stream else await answered(ids)
+    assert all(isinstance(d, Continue) for d in got[:-1])  # the events before it went out
+    d = got[-1]
+    if status == 502:
+        assert isinstance(d, Deny) and d.status == 502 and d.code == "upstream_bad_response"
+        assert "'output_ids' is an array of numbers" in d.message
+    else:
+        assert isinstance(d, Continue)
 
 
 async def test_a_rewritten_whole_answer_is_what_the_filters_after_pii_read_as_delivered() -> None:
