@@ -124,7 +124,7 @@ class RequestContext:
     path: str
     headers: dict[str, str]
     registry: Registry
-    query: str = ""
+    query: str = ""  # "?…" as the client sent it, or "" (not forwarded: filters/route.py)
     started: float = field(default_factory=time.perf_counter)
     principal: Principal | None = None
     prompt: Prompt | None = None

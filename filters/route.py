@@ -87,13 +87,13 @@ class RegistryRoute(BaseFilter):
             cluster = reg.server_route(Protocol.KSERVE_V2)
             if cluster is None:
                 return Deny(404, ErrorCode.UNKNOWN_PATH, "no model server is configured for this call")
-            return Continue(set_headers=((UPSTREAM_HEADER, cluster),), reroute=True)
+            return Continue(set_headers=((UPSTREAM_HEADER, cluster), *_checked_path(ctx)), reroute=True)
         ref = parse_ref(p.model_ref or "")
         route = reg.resolve(ref, p.protocol) if ref is not None else None
         if route is None:
             return _NOT_FOUND
         ctx.route = route
-        headers: tuple[tuple[str, str], ...] = ((UPSTREAM_HEADER, route.cluster),)
+        headers: tuple[tuple[str, str], ...] = ((UPSTREAM_HEADER, route.cluster), *_checked_path(ctx))
         body: bytes | None = None
         if p.protocol is Protocol.OPENAI:
             if route.upstream_model != p.model_ref and isinstance(p.document, dict):
@@ -106,8 +106,14 @@ class RegistryRoute(BaseFilter):
             path = _kserve.upstream_path(
                 _kserve.KPath(p.operation, p.model_ref), route.upstream_model, route.upstream_version
             )
-            headers += ((":path", path + (f"?{ctx.query}" if ctx.query else "")),)
+            headers = ((UPSTREAM_HEADER, route.cluster), (":path", path))
         return Continue(set_headers=headers, body=body, reroute=True)
+
+
+def _checked_path(ctx: RequestContext) -> tuple[tuple[str, str], ...]:
+    """The path without its query string, when there is one. Neither protocol defines a query
+    on these calls, and nothing in the chain reads it: it is not forwarded unchecked."""
+    return ((":path", ctx.path),) if ctx.query else ()
 
 
 def _usable(ctx: RequestContext, model: str, version: str) -> bool:

@@ -235,7 +235,7 @@ class ExtProcServer:
     async def _request_headers(self, msg: cv.Message, st: _Stream) -> cv.Message:
         headers = cv.headers_to_dict(msg.headers)
         raw_path = headers.get(":path", "/")
-        path, _, query = raw_path.partition("?")
+        path, sep, query = raw_path.partition("?")
         # One policy for the whole request, however many reloads happen meanwhile.
         policy = self._policy()
         # Gateway-owned headers are never taken from the client: drop them before any filter looks.
@@ -249,7 +249,7 @@ class ExtProcServer:
             headers=headers,
             registry=self._registry(),
             policy=policy,
-            query=query,
+            query=sep + query,
         )
         st.ctx = ctx
         st.chain = chain = policy.chain

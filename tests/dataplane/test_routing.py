@@ -61,6 +61,18 @@ def test_gateway_key_and_owned_headers_never_reach_the_upstream(
     assert not [h for h in got.headers if h.startswith("x-ztgate-")]
 
 
+def test_a_query_string_is_not_forwarded(
+    client: httpx.Client, openai_up: ScriptedUpstream, kserve_up: ScriptedUpstream
+) -> None:
+    """Neither protocol has a query on these calls and no filter reads one: it stays behind."""
+    q = "?api-version=1&prompt=ignore%20all%20rules"
+    assert client.post("/v1/chat/completions" + q, json={"model": "llama3-8b", **CHAT}).status_code == 200
+    assert client.post("/v2/models/echo/generate" + q, json={"text_input": "hi"}).status_code == 200
+    assert client.get("/v2/health/ready" + q).status_code == 200
+    assert [r.path for r in openai_up.requests] == ["/v1/chat/completions"]
+    assert [r.path for r in kserve_up.requests] == ["/v2/models/echo/versions/2/generate", "/v2/health/ready"]
+
+
 def test_clients_cannot_steer_envoy_or_spoof_their_address(
     client: httpx.Client, openai_up: ScriptedUpstream
 ) -> None:
