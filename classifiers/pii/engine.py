@@ -222,20 +222,23 @@ def unglued(text: str) -> tuple[str, list[int]] | None:
     return "".join(parts), back
 
 
-# Digits spelled out in English words (`one three eight zero …`, `five-five-five`), as a model
-# told to "write the number in words" answers: a run of seven or more is also read as the digits
-# it spells, so the same recognizers and checks judge it. The digits stand where the run starts
-# and spaces fill the rest of it, so every other character keeps its place and context words
-# stay as near as they are. Only single spaces or hyphens between the words: a streamed answer
-# holds such a run back as it holds digit groups.
+# Digits spelled out in English words (`one three eight zero …`, `five-five-five`, `double
+# five` for 55 as numbers are dictated), as a model told to "write the number in words" answers:
+# a run of seven or more (a `double five` is one) is also read as the digits it spells, so the
+# same recognizers and checks judge it. The digits stand where the run starts and spaces fill
+# the rest of it, so every other character keeps its place and context words stay as near as
+# they are. Only single spaces or hyphens between the words: a streamed answer holds such a run
+# back as it holds digit groups.
 DIGIT_WORDS = {
     "zero": "0", "oh": "0", "one": "1", "two": "2", "three": "3", "four": "4",
     "five": "5", "six": "6", "seven": "7", "eight": "8", "nine": "9",
 }  # fmt: skip
+REPEAT_WORDS = {"double": 2, "triple": 3}
 _DIGIT_WORD = "(?:" + "|".join(DIGIT_WORDS) + ")"
+_UNIT = "(?:(?:" + "|".join(REPEAT_WORDS) + rf")[ -])?{_DIGIT_WORD}"
 # Searched in the lowered text (case-sensitive is 2.4x faster than (?i) here), or with (?i)
 # where lowering changes the length (a few non-ASCII letters).
-_SPELLED_RUN = re.compile(rf"(?<![A-Za-z]){_DIGIT_WORD}(?:[ -]{_DIGIT_WORD}){{6,}}(?![A-Za-z])")
+_SPELLED_RUN = re.compile(rf"(?<![A-Za-z]){_UNIT}(?:[ -]{_UNIT}){{6,}}(?![A-Za-z])")
 _SPELLED_RUN_CI = re.compile(_SPELLED_RUN.pattern, re.IGNORECASE)
 _WORD = re.compile(r"[A-Za-z]+")
 
@@ -250,18 +253,27 @@ def _spelled_runs(text: str) -> Iterator[re.Match[str]]:
 def spelled_digits(text: str) -> tuple[str, list[int]] | None:
     """`text` with each run of spelled digits written as digits (then spaces, to the run's
     length), and for every character of it (plus one past the end) the index in `text` it
-    stands for: a digit its word's start, a filling space the run's end; None when there is no
-    such run."""
+    stands for: a digit its word's start (the first of a `double five` the start of `double`),
+    a filling space the run's end; None when there is no such run."""
     view = list(text)
     back = list(range(len(text) + 1))
     found = False
     for m in _spelled_runs(text):
         found = True
-        words = list(_WORD.finditer(m.group()))
-        for k, w in enumerate(words):
-            view[m.start() + k] = DIGIT_WORDS[w.group().lower()]
-            back[m.start() + k] = m.start() + w.start()
-        for k in range(m.start() + len(words), m.end()):
+        at = m.start()
+        repeat: tuple[int, int] | None = None  # (times, where the repeat word starts)
+        for w in _WORD.finditer(m.group()):
+            word = w.group().lower()
+            if word in REPEAT_WORDS:
+                repeat = (REPEAT_WORDS[word], m.start() + w.start())
+                continue
+            times, first = repeat or (1, m.start() + w.start())
+            for k in range(times):
+                view[at] = DIGIT_WORDS[word]
+                back[at] = first if k == 0 else m.start() + w.start()
+                at += 1
+            repeat = None
+        for k in range(at, m.end()):
             view[k] = " "
             back[k] = m.end()
     return ("".join(view), back) if found else None

@@ -17,7 +17,16 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from classifiers.invisible import FOLD
-from classifiers.pii.engine import CN_NUMERALS, DIGIT_WORDS, PiiEngine, Replacer, Span, apply, normalize
+from classifiers.pii.engine import (
+    CN_NUMERALS,
+    DIGIT_WORDS,
+    REPEAT_WORDS,
+    PiiEngine,
+    Replacer,
+    Span,
+    apply,
+    normalize,
+)
 from classifiers.pii.recognizers import (
     CONTEXT_WINDOW,
     EMAIL_PUNCTUATION,
@@ -57,15 +66,17 @@ def _has_digit(s: str) -> bool:
     return any(c.isdigit() or ord(c) in CN_NUMERALS for c in s)
 
 
-# How far back a number spelled in words can reach: 19 digits of up to five letters, and gaps.
-_SPELLED_CHARS = 19 * 6 + 8
+# How far back a number spelled in words can reach: 19 digits of up to five letters and a gap
+# each, up to 6.5 characters a digit with `double seven ` (2 digits in 13), and gaps.
+_SPELLED_CHARS = 19 * 7 + 8
 # What separates the words of a token (`(four`, `2-five`, `five-five-five`).
 _PIECES = re.compile("[" + re.escape("".join(c for c in _ENTITY_CHARS if not c.isalpha())) + "]+")
 
 
 def _spelled(token: str) -> bool:
-    """Whether `token` spells a digit in words (`three`, `(four`, `2-five`, `five-five-five`)."""
-    return any(w.lower() in DIGIT_WORDS for w in _PIECES.split(token))
+    """Whether `token` spells a digit in words (`three`, `(four`, `2-five`, `five-five-five`), or
+    is the `double` of a `double five`."""
+    return any(w.lower() in DIGIT_WORDS or w.lower() in REPEAT_WORDS for w in _PIECES.split(token))
 
 
 def safe_cut(text: str, names: tuple[str, ...] = ()) -> int:

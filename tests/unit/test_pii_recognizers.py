@@ -99,6 +99,13 @@ POSITIVE = [
     ("İstanbul office: call five five five two six seven one", "PHONE_NUMBER", "five five five two six seven one"),
     ("Phone: Four-One-Five-Five-Five-Five-Two-Six-Seven-One.", "PHONE_NUMBER", "Four-One-Five-Five-Five-Five-Two-Six-Seven-One"),
     (f"card {' '.join(_WORDS[int(d)] for d in VISA)}", "CREDIT_CARD", " ".join(_WORDS[int(d)] for d in VISA)),
+    # Dictated: repeated digits as `double five`, `triple oh`.
+    ("call me on four one five double five five two six seven one.", "PHONE_NUMBER",
+     "four one five double five five two six seven one"),
+    ("card: four triple one one one one one one one one one one one double one", "CREDIT_CARD",
+     "four triple one one one one one one one one one one one double one"),
+    ("手机 one three eight double oh one three eight triple oh", "CN_MOBILE",
+     "one three eight double oh one three eight triple oh"),
     # Regrouped (a model told to "space the digits out"): a valid ID in any grouping, a card
     # one digit at a time or after a card word.
     (f"here: {' '.join(ID)}", "CN_RESIDENT_ID", " ".join(ID)),
@@ -148,6 +155,8 @@ NEAR_MISSES = [
     "tell me 3/23/1940",
     "meet me (at) noon, or [at] 3pm",  # a spelled `at` without a domain after it
     "see you at example dot com",  # bare words are not read as separators (too common in prose)
+    "a double espresso, a triple shot and one two three four five six",  # repeats outside a run
+    "double five double five double five",  # three units: shorter than any number
     "句号．结束",
     "一二三四五六七八九十，二〇二六年一月一日",  # counting and dates in Chinese numerals
     "他数了一二三四五六七八九〇一二三四五遍",  # a numeral run that validates as nothing

@@ -42,6 +42,7 @@ _SPACED: list[Callable[[random.Random], str]] = [
     lambda r: _regroup(synth.cn_id(r), (6, 4, 4)),
     lambda r: r.choice((" ", "-")).join(_WORDS[int(d)] for d in synth.cn_mobile(r)),
     lambda r: " ".join(_WORDS[int(d)] for d in synth.card(r)),
+    lambda r: _dictate(r.choice((synth.cn_mobile, synth.card, lambda _: "4155552671"))(r), r),
 ]
 _VALUES: list[Callable[[random.Random], str]] = [
     synth.cn_id,
@@ -92,6 +93,20 @@ def _regroup(value: str, sizes: tuple[int, ...]) -> str:
         parts.append(value[pos : pos + n])
         pos += n
     return " ".join([*parts, value[pos:]])
+
+
+def _dictate(digits: str, r: random.Random) -> str:
+    """`digits` in words as a number is read aloud: repeated digits as `double five`, `triple oh`."""
+    words, i = [], 0
+    while i < len(digits):
+        n = 1
+        while i + n < len(digits) and digits[i + n] == digits[i] and n < 3:
+            n += 1
+        n = r.randint(1, n)
+        word = "oh" if digits[i] == "0" and r.random() < 0.5 else _WORDS[int(digits[i])]
+        words.append({1: word, 2: f"double {word}", 3: f"triple {word}"}[n])
+        i += n
+    return r.choice((" ", "-")).join(words)
 
 
 def _hide(value: str, r: random.Random) -> str:
