@@ -113,18 +113,24 @@ _LOCAL_REPLIES: tuple[_LocalReply, ...] = (
         before_request_id=True,
     ),
     # Not valid HTTP: the codec's own refusals (a bad header name, Content-Length with chunked
-    # encoding, garbage), or a request line Envoy cannot route at all.
+    # encoding, garbage), or no Host.
     _LocalReply(
         "malformed_request",
         "the request is not valid HTTP",
-        details=(
-            "http1.",
-            "http2.",
-            "missing_host_header",
-            "missing_path_rejected",
-            "absolute_path_rejected",
-        ),
+        details=("http1.", "http2.", "missing_host_header"),
         before_request_id=True,
+    ),
+    # A request target that is no path (`OPTIONS *`), or none at all.
+    _LocalReply(
+        "unknown_path",
+        "unknown path",
+        details=("absolute_path_rejected", "missing_path_rejected"),
+        before_request_id=True,
+    ),
+    _LocalReply(
+        "upgrade_not_supported",
+        "protocol upgrades (WebSocket, h2c) are not accepted",
+        details=("upgrade_failed",),
     ),
     # A whole answer that outgrew the buffer it is checked in: the model server's fault, as when
     # the chain refuses one whose content-length says so (filters/protocol.py).

@@ -264,10 +264,22 @@ def _raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, Any]]:
     with socket.create_connection((host, port), timeout=10) as s:
         s.sendall(request)
         data = b""
-        while chunk := s.recv(65536):  # Envoy closes the connection after these refusals
+        # Read the reply whole: Envoy closes the connection after most of these refusals, not all.
+        while (b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < _length(data)) and (
+            chunk := s.recv(65536)
+        ):
             data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+def _length(reply: bytes) -> int:
+    """The content-length of a reply whose head has arrived."""
+    for line in reply.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
 
 
 _AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
@@ -322,6 +334,13 @@ _AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
             False,
         ),
         (
+            b"OPTIONS * HTTP/1.1\r\nHost: a\r\n" + _AUTH + b"\r\n",
+            404,
+            "unknown_path",
+            "absolute_path_rejected",
+            False,
+        ),
+        (
             b"GET /v1/models HTTP/1.0\r\nHost: a\r\n" + _AUTH + b"\r\n",
             426,
             "http_version_unsupported",
@@ -337,6 +356,7 @@ _AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
         "no-host",
         "not-http",
         "huge-headers",
+        "options-star",
         "http-1.0",
     ],
 )
@@ -368,3 +388,11 @@ def test_requests_envoy_refuses_before_a_request_id(
         assert time.monotonic() < deadline, "the access log has no record of the refusal"
         time.sleep(0.1)
     assert openai_up.requests == [] and kserve_up.requests == []
+
+
+def test_a_protocol_upgrade_is_refused(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
+    """A WebSocket would carry text past the chain, frame by frame: Envoy accepts no upgrade."""
+    headers = {"connection": "Upgrade", "upgrade": "websocket", "sec-websocket-version": "13"}
+    headers["sec-websocket-key"] = "dGhlIHNhbXBsZSBub25jZQ=="
+    _openai_error(client.get("/v1/models", headers=headers), 403, "upgrade_not_supported")
+    assert openai_up.requests == []

@@ -312,7 +312,13 @@ def test_envoys_own_replies_have_a_code_each_and_the_catch_all_comes_last() -> N
     # The chain's own denials already carry their JSON: no mapper rewrites them.
     assert all(expr(m).startswith("!response.code_details.startsWith('ztgate_') && ") for m in mappers)
     # Refusals while Envoy still reads the request say there is no id; the others name it.
-    early = {"invalid_path", "malformed_request", "headers_too_large", "http_version_unsupported"}
+    early = {
+        "invalid_path",
+        "malformed_request",
+        "unknown_path",
+        "headers_too_large",
+        "http_version_unsupported",
+    }
     for m in mappers:
         body = m["body_format_override"]["json_format"]
         assert body["request_id"] == "%REQ(X-REQUEST-ID)%"
@@ -327,4 +333,6 @@ def test_envoys_own_replies_have_a_code_each_and_the_catch_all_comes_last() -> N
     assert "response.code_details == 'missing_host_header'" in by_code["malformed_request"]
     assert "response.code == 431" in by_code["headers_too_large"]
     assert "response.code_details == 'low_version'" in by_code["http_version_unsupported"]
+    assert "response.code_details == 'absolute_path_rejected'" in by_code["unknown_path"]
+    assert "response.code_details == 'upgrade_failed'" in by_code["upgrade_not_supported"]
     assert mappers[codes.index("answer_too_large")]["status_code"] == 502
