@@ -8,10 +8,11 @@ what cannot be checked is not forwarded. Answers are read only when a later filt
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from filters import _kserve, _openai
 from filters._protocols import Answer, Prompt, ProtocolError
@@ -52,7 +53,31 @@ def protocol_of(path: str) -> Protocol | None:
     return None
 
 
-_IDENTITY = Continue(remove_headers=("accept-encoding",))
+# Client headers the model server is sent: what the two protocols need, and nothing the client
+# could use to reach past the checks (cookies, other credentials, forwarding claims, vendor
+# extensions the chain does not read). `accept-encoding` is not among them: answers must come
+# back readable. Pseudo-headers and `host` are Envoy's; `x-envoy-*` ones Envoy sanitizes itself
+# (and ext_proc may not touch). `x-request-id` and `x-forwarded-proto` are Envoy's own values.
+_FORWARDED = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "accept",
+        "user-agent",
+        "x-request-id",
+        "x-forwarded-proto",
+        _kserve.HEADER_LENGTH,
+    }
+)
+# Names a policy may not add to the forwarded ones: the gateway's key, its own headers, and what
+# would make an answer unreadable.
+_NEVER_FORWARDED = frozenset({"authorization", "proxy-authorization", "accept-encoding", "host"})
+_TOKEN = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
+
+
+def _kept(name: str, extra: frozenset[str]) -> bool:
+    return name in _FORWARDED or name in extra or name == "host" or name.startswith((":", "x-envoy-"))
 
 
 def _encoded(headers: dict[str, str]) -> bool:
@@ -74,8 +99,11 @@ class ProtocolParser(BaseFilter):
     # chain, Envoy is not asked for the answer at all (two ext_proc messages fewer per request).
     on_behalf: ClassVar[Phase] = Phase.RESPONSE_BODY
 
-    def __init__(self, max_body_bytes: int, max_answer_bytes: int) -> None:
+    def __init__(
+        self, max_body_bytes: int, max_answer_bytes: int, forward_headers: frozenset[str] = frozenset()
+    ) -> None:
         self._max_body = max_body_bytes
+        self._extra = forward_headers
         self._max_answer = max_answer_bytes  # Envoy's buffer: a larger buffered answer cannot be checked
 
     def _deny(self, exc: ProtocolError) -> Deny:
@@ -110,8 +138,9 @@ class ProtocolParser(BaseFilter):
                 else (ctx.path.split("/", 3)[3] if st.op == _openai.MODEL else None)
             )
             ctx.prompt = Prompt(proto, st.op, model)
-        # Answers must come back readable: the upstream is asked for no compression.
-        return _IDENTITY if "accept-encoding" in ctx.headers else CONTINUE
+        # Only the headers the protocol needs go on; so answers come back uncompressed (readable).
+        dropped = tuple(h for h in ctx.headers if not _kept(h, self._extra))
+        return Continue(remove_headers=dropped) if dropped else CONTINUE
 
     async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
         st = _state(ctx)
@@ -193,9 +222,33 @@ class ProtocolParams(BaseModel):
         ge=1,
         description="Largest request body accepted (default: ZTGATE_MAX_REQUEST_BODY_BYTES, and never above it).",
     )
+    forward_headers: list[str] = Field(
+        default=[],
+        description=(
+            "Client request headers forwarded to the model server besides those the protocols need "
+            "(content-type, content-length, transfer-encoding, accept, user-agent, "
+            "inference-header-content-length; Envoy's x-request-id and x-forwarded-proto); "
+            "e.g. traceparent. Every other client header is dropped. Lower-case names; never "
+            "authorization, proxy-authorization, accept-encoding, host or an x-ztgate-/x-envoy- header."
+        ),
+    )
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        for n in names:
+            if not _TOKEN.fullmatch(n):
+                raise ValueError(f"{n!r} is not a lower-case header name")
+            if n in _NEVER_FORWARDED or n.startswith(("x-ztgate-", "x-envoy-")):
+                raise ValueError(f"{n!r} is never forwarded to a model server")
+        return names
 
 
 @register("protocol", ProtocolParams)
 def _build(env: BuildEnv, params: ProtocolParams) -> ProtocolParser:
     bound = env.settings.max_request_body_bytes
-    return ProtocolParser(min(params.max_body_bytes or bound, bound), env.settings.buffer_limit_bytes)
+    return ProtocolParser(
+        min(params.max_body_bytes or bound, bound),
+        env.settings.buffer_limit_bytes,
+        frozenset(params.forward_headers),
+    )

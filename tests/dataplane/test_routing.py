@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.harness import OTHER_TENANT_KEY, ScriptedUpstream, json_answer
+from tests.harness import KEY, OTHER_TENANT_KEY, ScriptedUpstream, json_answer, registry_for, running
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}
 
@@ -59,6 +60,70 @@ def test_gateway_key_and_owned_headers_never_reach_the_upstream(
     [got] = openai_up.requests
     assert "authorization" not in got.headers
     assert not [h for h in got.headers if h.startswith("x-ztgate-")]
+
+
+# What clients send alongside a call, none of which the model server needs: other credentials,
+# cookies, forwarding claims, SDK telemetry, a request for a compressed answer.
+_STRAY = {
+    "cookie": "session=abc",
+    "proxy-authorization": "Basic cm9vdDpyb290",
+    "x-api-key": "sk-other",
+    "forwarded": "for=10.9.9.9;host=internal",
+    "x-real-ip": "10.9.9.9",
+    "x-forwarded-host": "admin.internal",
+    "openai-organization": "org-1",
+    "x-stainless-lang": "python",
+    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "accept-encoding": "gzip, br",
+    "x-envoy-original-path": "/admin",
+}
+
+
+def test_only_the_headers_the_protocol_needs_reach_the_upstream(
+    client: httpx.Client, openai_up: ScriptedUpstream, kserve_up: ScriptedUpstream
+) -> None:
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "llama3-8b", **CHAT},
+        headers={**_STRAY, "user-agent": "probe/1", "accept": "application/json"},
+    )
+    assert r.status_code == 200, r.text
+    r = client.post("/v2/models/echo/generate", json={"text_input": "hi"}, headers=_STRAY)
+    assert r.status_code == 200, r.text
+    for got in (*openai_up.requests, *kserve_up.requests):
+        assert not set(_STRAY) & set(got.headers), got.headers
+        assert got.headers["content-type"] == "application/json" and "x-request-id" in got.headers
+    [chat] = openai_up.requests
+    assert chat.headers["user-agent"] == "probe/1" and chat.headers["accept"] == "application/json"
+    [gen] = kserve_up.requests
+    assert gen.headers["x-request-id"] == r.headers["x-request-id"]  # Envoy's id, for correlation
+
+
+def test_a_policy_can_forward_more_headers(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(
+        "version: 1\n"
+        "chain:\n"
+        "  - filter: principal\n"
+        "  - filter: protocol\n"
+        "    forward_headers: [traceparent, tracestate]\n"
+        "  - filter: route\n"
+        "default_action: allow\n"
+    )
+    reg = registry_for(
+        {"v": ("openai", openai_up.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
+    )
+    openai_up.requests.clear()
+    with running(tmp_path / "gw", reg, workers=1, env={"ZTGATE_POLICY_FILE": str(pol)}) as env:
+        r = httpx.post(
+            env.url + "/v1/chat/completions",
+            json={"model": "m", **CHAT},
+            headers={"authorization": f"Bearer {KEY}", **_STRAY, "tracestate": "k=v"},
+        )
+    assert r.status_code == 200, r.text
+    [got] = openai_up.requests
+    assert got.headers["traceparent"] == _STRAY["traceparent"] and got.headers["tracestate"] == "k=v"
+    assert not (set(_STRAY) - {"traceparent"}) & set(got.headers)
 
 
 def test_a_query_string_is_not_forwarded(

@@ -93,6 +93,17 @@ def test_the_schema_checks_each_filter_s_own_parameters() -> None:
             "p.yaml:5:21: protocol.max_body_bytes: Input should be a valid integer (got 'big'): write a whole number",
         ),
         (
+            "    max_body_bytes: 1000",
+            "    forward_headers: [authorization]",
+            "p.yaml:5:22: protocol.forward_headers: Value error, 'authorization' is never forwarded to a model server "
+            "(got ['authorization'])",
+        ),
+        (
+            "    max_body_bytes: 1000",
+            "    forward_headers: [X-Trace]",
+            "p.yaml:5:22: protocol.forward_headers: Value error, 'X-Trace' is not a lower-case header name (got ['X-Trace'])",
+        ),
+        (
             "  - filter: access\n",
             "  - filter: access\n  - filter: route\n",
             "p.yaml:8:13: filter 'route' is already in the chain: list each filter once",
