@@ -70,14 +70,33 @@ _FORWARDED = frozenset(
         _kserve.HEADER_LENGTH,
     }
 )
+# Model-server answer headers the client is sent, when the chain reads answers (the body is then
+# checked, so a header must not carry what the body may not: a debug echo of the prompt, a cookie).
+_ANSWERED = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "date",
+        "cache-control",
+        "retry-after",
+        "retry-after-ms",
+        "x-request-id",
+        _kserve.HEADER_LENGTH,
+    }
+)
 # Names a policy may not add to the forwarded ones: the gateway's key, its own headers, and what
 # would make an answer unreadable.
 _NEVER_FORWARDED = frozenset({"authorization", "proxy-authorization", "accept-encoding", "host"})
 _TOKEN = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
 
 
-def _kept(name: str, extra: frozenset[str]) -> bool:
-    return name in _FORWARDED or name in extra or name == "host" or name.startswith((":", "x-envoy-"))
+def _dropped(headers: dict[str, str], kept: frozenset[str], extra: frozenset[str]) -> Decision:
+    """Remove every header but the kept ones, the policy's extra ones and Envoy's own."""
+    gone = tuple(
+        h for h in headers if not (h in kept or h in extra or h == "host" or h.startswith((":", "x-envoy-")))
+    )
+    return Continue(remove_headers=gone) if gone else CONTINUE
 
 
 def _encoded(headers: dict[str, str]) -> bool:
@@ -100,10 +119,15 @@ class ProtocolParser(BaseFilter):
     on_behalf: ClassVar[Phase] = Phase.RESPONSE_BODY
 
     def __init__(
-        self, max_body_bytes: int, max_answer_bytes: int, forward_headers: frozenset[str] = frozenset()
+        self,
+        max_body_bytes: int,
+        max_answer_bytes: int,
+        forward_headers: frozenset[str] = frozenset(),
+        answer_headers: frozenset[str] = frozenset(),
     ) -> None:
         self._max_body = max_body_bytes
         self._extra = forward_headers
+        self._extra_answer = answer_headers
         self._max_answer = max_answer_bytes  # Envoy's buffer: a larger buffered answer cannot be checked
 
     def _deny(self, exc: ProtocolError) -> Deny:
@@ -139,8 +163,7 @@ class ProtocolParser(BaseFilter):
             )
             ctx.prompt = Prompt(proto, st.op, model)
         # Only the headers the protocol needs go on; so answers come back uncompressed (readable).
-        dropped = tuple(h for h in ctx.headers if not _kept(h, self._extra))
-        return Continue(remove_headers=dropped) if dropped else CONTINUE
+        return _dropped(ctx.headers, _FORWARDED, self._extra)
 
     async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
         st = _state(ctx)
@@ -173,9 +196,10 @@ class ProtocolParser(BaseFilter):
             )
         ctype = ctx.response_headers.get("content-type", "")
         ctx.answer = Answer()
+        headers = _dropped(ctx.response_headers, _ANSWERED, self._extra_answer)
         if ctype.startswith("text/event-stream"):
             st.sse = SSEParser()
-            return CONTINUE
+            return headers
         length = ctx.response_headers.get("content-length", "0")
         if not length.isdigit() or int(length) > self._max_answer:
             # Refused before a byte of it is read: it would not fit the buffer it is checked in.
@@ -183,7 +207,7 @@ class ProtocolParser(BaseFilter):
                 502, ErrorCode.ANSWER_TOO_LARGE, f"the model server's answer exceeds {self._max_answer} bytes"
             )
         st.buffered = bytearray()
-        return CONTINUE
+        return headers
 
     async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
         st = _state(ctx)
@@ -233,15 +257,35 @@ class ProtocolParams(BaseModel):
         ),
     )
 
+    answer_headers: list[str] = Field(
+        default=[],
+        description=(
+            "Model-server answer headers sent on to the client besides content-type, content-length, "
+            "transfer-encoding, date, cache-control, retry-after, retry-after-ms, x-request-id and "
+            "inference-header-content-length, when the chain reads answers (pii, prompt_injection, audit): every other "
+            "one is dropped (with no filter reading answers, answers and their headers pass as sent). "
+            "Lower-case names; never content-encoding or an x-ztgate-/x-envoy- header."
+        ),
+    )
+
     @field_validator("forward_headers")
     @classmethod
     def _names(cls, names: list[str]) -> list[str]:
-        for n in names:
-            if not _TOKEN.fullmatch(n):
-                raise ValueError(f"{n!r} is not a lower-case header name")
-            if n in _NEVER_FORWARDED or n.startswith(("x-ztgate-", "x-envoy-")):
-                raise ValueError(f"{n!r} is never forwarded to a model server")
-        return names
+        return _header_names(names, _NEVER_FORWARDED, "forwarded to a model server")
+
+    @field_validator("answer_headers")
+    @classmethod
+    def _answer_names(cls, names: list[str]) -> list[str]:
+        return _header_names(names, frozenset({"content-encoding"}), "sent on to a client")
+
+
+def _header_names(names: list[str], never: frozenset[str], what: str) -> list[str]:
+    for n in names:
+        if not _TOKEN.fullmatch(n):
+            raise ValueError(f"{n!r} is not a lower-case header name")
+        if n in never or n.startswith(("x-ztgate-", "x-envoy-")):
+            raise ValueError(f"{n!r} is never {what}")
+    return names
 
 
 @register("protocol", ProtocolParams)
@@ -251,4 +295,5 @@ def _build(env: BuildEnv, params: ProtocolParams) -> ProtocolParser:
         min(params.max_body_bytes or bound, bound),
         env.settings.buffer_limit_bytes,
         frozenset(params.forward_headers),
+        frozenset(params.answer_headers),
     )

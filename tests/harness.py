@@ -93,7 +93,7 @@ class ScriptedUpstream:
         if asyncio.iscoroutine(result):
             result = await result
         if isinstance(result, _Streamed):
-            resp = web.StreamResponse(headers={"content-type": result.content_type})
+            resp = web.StreamResponse(headers={"content-type": result.content_type, **result.headers})
             await resp.prepare(req)
             for chunk in result.chunks:
                 await resp.write(chunk)
@@ -133,11 +133,17 @@ class _Streamed:
     chunks: list[bytes]
     content_type: str = "text/event-stream"
     gap_s: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
 
 
-def streamed(chunks: list[bytes], content_type: str = "text/event-stream", gap_s: float = 0.0) -> _Streamed:
-    """A scripted answer sent as these exact body chunks."""
-    return _Streamed(chunks, content_type, gap_s)
+def streamed(
+    chunks: list[bytes],
+    content_type: str = "text/event-stream",
+    gap_s: float = 0.0,
+    headers: dict[str, str] | None = None,
+) -> _Streamed:
+    """A scripted answer sent as these exact body chunks (with these extra headers)."""
+    return _Streamed(chunks, content_type, gap_s, headers or {})
 
 
 def json_answer(doc: Any, status: int = 200) -> web.Response:

@@ -163,3 +163,38 @@ def test_token_ids_in_kserve_generate_answers_are_not_passed_unread(
         for chunk in r.iter_raw():
             received += chunk
     assert b"output_ids" not in received and b"[52" not in received
+
+
+# An upstream's extra answer headers: a debug echo of the prompt (holding a card number the body
+# may not carry), a cookie, a redirect, CORS grants. None is the client's business.
+_UPSTREAM_EXTRA = {
+    "x-debug-prompt": "card 4111 1111 1111 1111",
+    "set-cookie": "upstream_session=1",
+    "location": "http://10.0.0.5/internal",
+    "access-control-allow-origin": "*",
+    "x-vllm-version": "0.11.0",
+}
+
+
+def test_only_protocol_headers_of_an_answer_reach_the_client(
+    client: httpx.Client, openai_up: ScriptedUpstream, kserve_up: ScriptedUpstream
+) -> None:
+    def whole(_r: object) -> web.Response:
+        resp = json_answer({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]})
+        resp.headers.update({**_UPSTREAM_EXTRA, "retry-after": "3", "cache-control": "no-store"})
+        return resp
+
+    openai_up.handler = whole
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+    assert r.status_code == 200, r.text
+    assert not set(_UPSTREAM_EXTRA) & set(r.headers), r.headers
+    assert r.headers["retry-after"] == "3" and r.headers["cache-control"] == "no-store"
+    assert not [h for h in r.headers if h.startswith("x-envoy-")]  # no upstream timing either
+
+    events = [b'data: {"model_name": "echo", "text_output": "ok"}\n\n']
+    kserve_up.handler = lambda _r: streamed(events, headers=_UPSTREAM_EXTRA)
+    with client.stream("POST", "/v2/models/echo/generate_stream", json={"text_input": "x"}) as s:
+        body = s.read()
+    assert s.status_code == 200 and b'"ok"' in body
+    assert not set(_UPSTREAM_EXTRA) & set(s.headers), s.headers
+    assert s.headers["content-type"].startswith("text/event-stream") and "x-request-id" in s.headers

@@ -104,6 +104,12 @@ def test_the_schema_checks_each_filter_s_own_parameters() -> None:
             "p.yaml:5:22: protocol.forward_headers: Value error, 'X-Trace' is not a lower-case header name (got ['X-Trace'])",
         ),
         (
+            "    max_body_bytes: 1000",
+            "    answer_headers: [content-encoding]",
+            "p.yaml:5:21: protocol.answer_headers: Value error, 'content-encoding' is never sent on to a client "
+            "(got ['content-encoding'])",
+        ),
+        (
             "  - filter: access\n",
             "  - filter: access\n  - filter: route\n",
             "p.yaml:8:13: filter 'route' is already in the chain: list each filter once",
