@@ -201,6 +201,29 @@ def _local_reply_mappers() -> list[dict[str, Any]]:
     return mappers
 
 
+def _downstream_tls(settings: Settings) -> dict[str, Any]:
+    """The listener's TLS: TLS 1.2 or later, HTTP/2 or HTTP/1.1 by ALPN, and, with a client CA,
+    a certificate required of every client (no certificate or another CA: the handshake fails)."""
+    common: dict[str, Any] = {
+        "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
+        "alpn_protocols": ["h2", "http/1.1"],
+        "tls_certificates": [
+            {
+                "certificate_chain": {"filename": str(settings.tls_cert_file)},
+                "private_key": {"filename": str(settings.tls_key_file)},
+            }
+        ],
+    }
+    tls: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        "common_tls_context": common,
+    }
+    if settings.tls_client_ca_file is not None:
+        common["validation_context"] = {"trusted_ca": {"filename": str(settings.tls_client_ca_file)}}
+        tls["require_client_certificate"] = True
+    return {"name": "envoy.transport_sockets.tls", "typed_config": tls}
+
+
 def render(
     settings: Settings, registry: Registry, template: Path = TEMPLATE, cds: Path | None = None
 ) -> dict[str, Any]:
@@ -237,7 +260,10 @@ def render(
             }
         }
     doc["static_resources"]["clusters"] = clusters
-    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    chain = doc["static_resources"]["listeners"][0]["filter_chains"][0]
+    if settings.tls_cert_file is not None:
+        chain["transport_socket"] = _downstream_tls(settings)
+    hcm = chain["filters"][0]["typed_config"]
     hcm["local_reply_config"]["mappers"] = _local_reply_mappers()
     return doc
 

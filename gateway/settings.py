@@ -29,6 +29,11 @@ def _num(env: Mapping[str, str], name: str, default: N) -> N:
         raise ValueError(f"{name} must be {kind}, got {raw!r}") from exc
 
 
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name)
+    return Path(raw) if raw else None
+
+
 def _list(raw: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in raw.split(",") if x.strip())
 
@@ -83,6 +88,11 @@ class Settings:
     audit_dir: Path | None = None
     audit_key_file: Path | None = None
     instance: str = field(default_factory=socket.gethostname)
+    # TLS on the client listener (Envoy reads the PEM files at start): certificate chain and key,
+    # and optionally the CA that client certificates must chain to (then every client needs one).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -128,9 +138,17 @@ class Settings:
             audit_dir=Path(e["ZTGATE_AUDIT_DIR"]) if e.get("ZTGATE_AUDIT_DIR") else None,
             audit_key_file=Path(e["ZTGATE_AUDIT_KEY_FILE"]) if e.get("ZTGATE_AUDIT_KEY_FILE") else None,
             instance=e.get("ZTGATE_INSTANCE") or socket.gethostname(),
+            tls_cert_file=_path(e, "ZTGATE_TLS_CERT_FILE"),
+            tls_key_file=_path(e, "ZTGATE_TLS_KEY_FILE"),
+            tls_client_ca_file=_path(e, "ZTGATE_TLS_CLIENT_CA_FILE"),
         )
         s.check()
         return s
+
+    @property
+    def scheme(self) -> str:
+        """How clients reach the listener: https when it terminates TLS."""
+        return "https" if self.tls_cert_file is not None else "http"
 
     @property
     def pii_key_path(self) -> Path:
@@ -172,5 +190,18 @@ class Settings:
             raise ValueError("max request body must not exceed Envoy's buffer limit")
         if not self.worker_ports:
             raise ValueError("at least one worker port is needed")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("ZTGATE_TLS_CERT_FILE and ZTGATE_TLS_KEY_FILE go together: set both or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError(
+                "ZTGATE_TLS_CLIENT_CA_FILE needs the listener's TLS: set ZTGATE_TLS_CERT_FILE and _KEY_FILE"
+            )
+        for name, tls_file in (
+            ("ZTGATE_TLS_CERT_FILE", self.tls_cert_file),
+            ("ZTGATE_TLS_KEY_FILE", self.tls_key_file),
+            ("ZTGATE_TLS_CLIENT_CA_FILE", self.tls_client_ca_file),
+        ):
+            if tls_file is not None and not tls_file.is_file():
+                raise ValueError(f"{name} names no file: {tls_file}")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.instance):
             raise ValueError(f"ZTGATE_INSTANCE must be a plain host name, got {self.instance!r}")

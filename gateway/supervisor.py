@@ -242,7 +242,7 @@ def admin_app(gw: Gateway) -> web.Application:
 
 
 def _banner(s: Settings, demo: bool) -> str:
-    base = f"http://{s.listen_address}:{s.listen_port}"
+    base = f"{s.scheme}://{s.listen_address}:{s.listen_port}"
     lines = [
         "",
         f"ztgate is up: {base}   (admin: http://{s.admin_address}:{s.admin_port}/readyz, /metrics)",

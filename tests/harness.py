@@ -310,7 +310,7 @@ def _start_once(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return GatewayEnv(gw, f"http://127.0.0.1:{settings.listen_port}")
+    return GatewayEnv(gw, f"{settings.scheme}://127.0.0.1:{settings.listen_port}")
 
 
 def registry_for(

@@ -225,11 +225,30 @@ def test_unknown_filter_is_an_error() -> None:
         ({"ZTGATE_CONSUL_KEY": "/ztgate/../registry?x"}, "plain KV path"),
         ({"ZTGATE_CONSUL_STALE_S": "0"}, "must be positive"),
         ({"ZTGATE_CONSUL_TOKEN_FILE": "/nonexistent/token"}, "names no file"),
+        ({"ZTGATE_TLS_CERT_FILE": __file__}, "set both or neither"),
+        ({"ZTGATE_TLS_KEY_FILE": __file__}, "set both or neither"),
+        ({"ZTGATE_TLS_CLIENT_CA_FILE": __file__}, "needs the listener's TLS"),
+        ({"ZTGATE_TLS_CERT_FILE": "/nonexistent.crt", "ZTGATE_TLS_KEY_FILE": __file__}, "names no file"),
     ],
 )
 def test_settings_refuse_unsafe_combinations(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Settings.from_env(env)
+
+
+def test_tls_is_rendered_only_when_asked() -> None:
+    reg = Registry.from_yaml(REG)
+    plain = envoy_config.render(Settings(), reg)["static_resources"]["listeners"][0]["filter_chains"][0]
+    assert "transport_socket" not in plain
+    cert = Path(__file__)
+    s = Settings(tls_cert_file=cert, tls_key_file=cert, tls_client_ca_file=cert)
+    chain = envoy_config.render(s, reg)["static_resources"]["listeners"][0]["filter_chains"][0]
+    tls = chain["transport_socket"]["typed_config"]
+    assert tls["require_client_certificate"] is True
+    common = tls["common_tls_context"]
+    assert common["tls_params"]["tls_minimum_protocol_version"] == "TLSv1_2"
+    assert common["validation_context"]["trusted_ca"]["filename"] == str(cert)
+    assert s.scheme == "https" and Settings().scheme == "http"
 
 
 def test_envoy_config_is_fail_closed_and_lists_every_worker() -> None:

@@ -1,0 +1,90 @@
+"""TLS on the client listener: real Envoy with certificates from a throwaway CA (trustme)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from pathlib import Path
+
+import httpx
+import pytest
+import trustme
+
+from tests.harness import KEY, ScriptedUpstream, registry_for, running
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def _registry(up: ScriptedUpstream) -> dict[str, object]:
+    return registry_for(
+        {"v": ("openai", up.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
+    )
+
+
+def _server_files(tmp: Path, ca: trustme.CA) -> dict[str, str]:
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_pem.write_to_path(str(tmp / "server.key"))
+    (tmp / "server.crt").write_bytes(b"".join(pem.bytes() for pem in cert.cert_chain_pems))
+    return {"ZTGATE_TLS_CERT_FILE": str(tmp / "server.crt"), "ZTGATE_TLS_KEY_FILE": str(tmp / "server.key")}
+
+
+def _client(ca: trustme.CA, cert: trustme.LeafCert | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    if cert is not None:
+        cert.configure_cert(ctx)
+    return ctx
+
+
+def test_the_listener_terminates_tls(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
+    ca = trustme.CA()
+    env_vars = _server_files(tmp_path, ca)
+    openai_up.requests.clear()
+    with running(tmp_path / "gw", _registry(openai_up), workers=1, env=env_vars) as env:
+        assert env.url.startswith("https://")
+        auth = {"authorization": f"Bearer {KEY}"}
+        with httpx.Client(verify=_client(ca), timeout=10) as c:
+            r = c.post(env.url + "/v1/chat/completions", json=CHAT, headers=auth)
+        assert r.status_code == 200, r.text
+        # HTTP/2 is offered by ALPN next to HTTP/1.1.
+        with socket.create_connection(("127.0.0.1", env.settings.listen_port), timeout=5) as raw:
+            ctx = _client(ca)
+            ctx.set_alpn_protocols(["h2", "http/1.1"])
+            with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                assert tls.selected_alpn_protocol() == "h2"
+                assert tls.version() in ("TLSv1.2", "TLSv1.3")
+        # Plain HTTP on the TLS port gets no answer, and reaches nothing.
+        with pytest.raises(httpx.TransportError):
+            httpx.post(
+                env.url.replace("https://", "http://") + "/v1/chat/completions", json=CHAT, headers=auth
+            )
+        # A client that does not trust the certificate does not connect.
+        with pytest.raises(httpx.ConnectError):
+            httpx.post(
+                env.url + "/v1/chat/completions", json=CHAT, headers=auth, verify=_client(trustme.CA())
+            )
+    [got] = openai_up.requests
+    assert got.headers["x-forwarded-proto"] == "https"
+
+
+def test_a_client_ca_makes_every_client_show_a_certificate(
+    tmp_path: Path, openai_up: ScriptedUpstream
+) -> None:
+    ca, client_ca, stranger_ca = trustme.CA(), trustme.CA(), trustme.CA()
+    env_vars = _server_files(tmp_path, ca)
+    client_ca.cert_pem.write_to_path(str(tmp_path / "clients.crt"))
+    env_vars["ZTGATE_TLS_CLIENT_CA_FILE"] = str(tmp_path / "clients.crt")
+    openai_up.requests.clear()
+    with running(tmp_path / "gw", _registry(openai_up), workers=1, env=env_vars) as env:
+        url, auth = env.url + "/v1/chat/completions", {"authorization": f"Bearer {KEY}"}
+        for who in (None, stranger_ca.issue_cert("mallory@example.com")):
+            with pytest.raises(httpx.TransportError):
+                httpx.post(url, json=CHAT, headers=auth, verify=_client(ca, who), timeout=10)
+        r = httpx.post(
+            url, json=CHAT, headers=auth, verify=_client(ca, client_ca.issue_cert("app@acme")), timeout=10
+        )
+        assert r.status_code == 200, r.text
+        # The certificate admits the connection; the API key still names the caller.
+        r = httpx.post(url, json=CHAT, verify=_client(ca, client_ca.issue_cert("app@acme")), timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
+    assert len(openai_up.requests) == 1
