@@ -40,7 +40,7 @@ async def _main(cds: Path) -> None:
     def publish(snap: Endpoints) -> None:
         ups = snap.registry.spec.upstreams
         version = envoy_config.write_clusters(
-            cds, envoy_config.upstream_clusters(settings, {n: list(snap.of(n)) for n in ups})
+            cds, envoy_config.upstream_clusters(settings, snap.registry, {n: list(snap.of(n)) for n in ups})
         )
         counts = {n: len(snap.of(n)) for n in sorted(ups)}
         log().info("clusters_published", registry=snap.registry.revision, version=version, endpoints=counts)

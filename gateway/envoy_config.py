@@ -9,6 +9,7 @@ passing instances change (`write_clusters`); Envoy picks each version up by itse
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import string
@@ -18,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gateway.registry import Registry, cluster_name
+from gateway.registry import Registry, UpstreamTLS, cluster_name
 from gateway.settings import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
@@ -35,8 +36,45 @@ def _endpoint(host: str, port: int) -> dict[str, Any]:
     return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
 
 
+def _upstream_tls(tls: UpstreamTLS, name: str) -> dict[str, Any]:
+    """TLS to a model server: chain verified against its CA, and `name` required in its SANs
+    (Envoy checks no name unless told: a certificate for any host the CA signed would do)."""
+    san_type = "IP_ADDRESS" if _is_ip(name) else "DNS"
+    common: dict[str, Any] = {
+        "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
+        "validation_context": {
+            "trusted_ca": {"filename": tls.ca_file},
+            "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": name}}],
+        },
+    }
+    if tls.cert_file is not None and tls.key_file is not None:
+        common["tls_certificates"] = [
+            {"certificate_chain": {"filename": tls.cert_file}, "private_key": {"filename": tls.key_file}}
+        ]
+    ctx: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        "common_tls_context": common,
+    }
+    if san_type == "DNS":
+        ctx["sni"] = name
+    return {"name": "envoy.transport_sockets.tls", "typed_config": ctx}
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 def _cluster(
-    name: str, endpoints: list[tuple[str, int]], *, http2: bool, buffer_limit: int
+    name: str,
+    endpoints: list[tuple[str, int]],
+    *,
+    http2: bool,
+    buffer_limit: int,
+    tls: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": name,
@@ -49,6 +87,8 @@ def _cluster(
             "endpoints": [{"lb_endpoints": [_endpoint(h, p) for h, p in endpoints]}],
         },
     }
+    if tls is not None:
+        c["transport_socket"] = tls
     if http2:
         c["typed_extension_protocol_options"] = {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -251,7 +291,7 @@ def render(
     ]
     if cds is None:
         fixed = {n: [(u.host or "", u.port or 0)] for n, u in registry.spec.upstreams.items()}
-        clusters += upstream_clusters(settings, fixed)
+        clusters += upstream_clusters(settings, registry, fixed)
     else:
         doc["dynamic_resources"] = {
             "cds_config": {
@@ -269,13 +309,17 @@ def render(
 
 
 def upstream_clusters(
-    settings: Settings, endpoints: dict[str, list[tuple[str, int]]]
+    settings: Settings, registry: Registry, endpoints: dict[str, list[tuple[str, int]]]
 ) -> list[dict[str, Any]]:
     """One cluster per upstream, with its endpoints (none: Envoy answers 503, nothing is reached)."""
-    return [
-        _cluster(cluster_name(name), eps, http2=False, buffer_limit=settings.buffer_limit_bytes)
-        for name, eps in sorted(endpoints.items())
-    ]
+    out = []
+    for name, eps in sorted(endpoints.items()):
+        spec = registry.spec.upstreams[name]
+        tls = _upstream_tls(spec.tls, spec.tls_name) if spec.tls is not None and spec.tls_name else None
+        out.append(
+            _cluster(cluster_name(name), eps, http2=False, buffer_limit=settings.buffer_limit_bytes, tls=tls)
+        )
+    return out
 
 
 def write(settings: Settings, registry: Registry, out: Path) -> Path:

@@ -43,6 +43,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+class UpstreamTLS(_Strict):
+    """TLS to a model server: its certificate is verified against `ca_file` and must name
+    `server_name`; with `cert_file` and `key_file` the gateway shows its own (mutual TLS).
+    Paths are read by Envoy, on Envoy's host (in compose, the envoy service)."""
+
+    ca_file: str = Field(description="PEM CA bundle the model server's certificate must chain to.")
+    server_name: str | None = Field(
+        default=None,
+        description="Name sent as SNI and required in the certificate's subject alternative names "
+        "(a DNS name or an IP address; default: the upstream's host; required for a Consul service).",
+    )
+    cert_file: str | None = Field(default=None, description="PEM client certificate chain (mutual TLS).")
+    key_file: str | None = Field(default=None, description="PEM private key of cert_file.")
+
+
 class UpstreamSpec(_Strict):
     """One model server (a cluster in Envoy): a fixed host and port, or a Consul service."""
 
@@ -54,6 +69,14 @@ class UpstreamSpec(_Strict):
         description="Consul service whose instances with passing health checks are the endpoints "
         "(Consul registry source only; instead of host and port).",
     )
+    tls: UpstreamTLS | None = Field(
+        default=None, description="Speak TLS to this upstream (default: plain HTTP, for a trusted network)."
+    )
+
+    @property
+    def tls_name(self) -> str | None:
+        """The name the upstream's certificate must carry (None without TLS)."""
+        return None if self.tls is None else (self.tls.server_name or self.host)
 
 
 class VersionSpec(_Strict):
@@ -123,6 +146,27 @@ def _check(spec: RegistrySpec, marks: Marks, source: str, *, services: bool) -> 
                 "give host and port for a fixed address, or service for a Consul service",
             )
         )
+    for name, u in spec.upstreams.items():
+        if u.tls is not None and u.tls_name is None:
+            out.append(
+                at(
+                    marks,
+                    source,
+                    ("upstreams", name, "tls"),
+                    f"upstream {name!r} needs tls.server_name",
+                    "name the host its certificate is for (a service has no one host)",
+                )
+            )
+        if u.tls is not None and (u.tls.cert_file is None) != (u.tls.key_file is None):
+            out.append(
+                at(
+                    marks,
+                    source,
+                    ("upstreams", name, "tls"),
+                    f"upstream {name!r} has only one of tls.cert_file and tls.key_file",
+                    "give both for mutual TLS, or neither",
+                )
+            )
     for name, u in spec.upstreams.items():
         if u.service is not None and not services:
             out.append(

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import ssl
 import subprocess
 import sys
 import threading
@@ -79,6 +80,7 @@ class ScriptedUpstream:
     port: int = field(default_factory=free_port)
     requests: list[Recorded] = field(default_factory=list)
     handler: Handler | None = None
+    tls: ssl.SSLContext | None = None  # serve HTTPS with this context
     _loop: asyncio.AbstractEventLoop | None = None
     _runner: web.AppRunner | None = None
 
@@ -113,7 +115,9 @@ class ScriptedUpstream:
             app.router.add_route("*", "/{tail:.*}", self._handle)
             self._runner = web.AppRunner(app, access_log=None)
             loop.run_until_complete(self._runner.setup())
-            loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+            loop.run_until_complete(
+                web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.tls).start()
+            )
             ready.set()
             loop.run_forever()
             loop.close()

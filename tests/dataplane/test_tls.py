@@ -88,3 +88,72 @@ def test_a_client_ca_makes_every_client_show_a_certificate(
         r = httpx.post(url, json=CHAT, verify=_client(ca, client_ca.issue_cert("app@acme")), timeout=10)
         assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
     assert len(openai_up.requests) == 1
+
+
+def _tls_upstream(ca: trustme.CA, name: str, client_ca: trustme.CA | None = None) -> ScriptedUpstream:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(name).configure_cert(ctx)
+    if client_ca is not None:
+        client_ca.configure_trust(ctx)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ScriptedUpstream("tls", tls=ctx).start()
+
+
+def _tls_registry(ups: dict[str, tuple[ScriptedUpstream, dict[str, str]]]) -> dict[str, object]:
+    reg = registry_for(
+        {n: ("openai", up.port) for n, (up, _) in ups.items()},
+        {n: {"latest": "1", "versions": {"1": {"upstream": n}}} for n in ups},
+    )
+    for n, (_, tls) in ups.items():
+        reg["upstreams"][n]["tls"] = tls
+    return reg
+
+
+def test_tls_to_model_servers_verifies_who_answers(tmp_path: Path) -> None:
+    """The gateway speaks TLS to an upstream that asks for it, checks the certificate's chain and
+    name, and shows its own certificate when the upstream wants mutual TLS."""
+    ca, gw_ca, other_ca = trustme.CA(), trustme.CA(), trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    other_ca.cert_pem.write_to_path(str(tmp_path / "other.crt"))
+    me = gw_ca.issue_cert("gateway.internal")
+    me.private_key_pem.write_to_path(str(tmp_path / "gw.key"))
+    (tmp_path / "gw.crt").write_bytes(b"".join(pem.bytes() for pem in me.cert_chain_pems))
+    ca_file, mine = (
+        str(tmp_path / "ca.crt"),
+        {"cert_file": str(tmp_path / "gw.crt"), "key_file": str(tmp_path / "gw.key")},
+    )
+    ups = {
+        "good": (_tls_upstream(ca, "localhost"), {"ca_file": ca_file, "server_name": "localhost"}),
+        "by-ip": (_tls_upstream(ca, "127.0.0.1"), {"ca_file": ca_file}),  # the host is the name
+        "mutual": (
+            _tls_upstream(ca, "localhost", gw_ca),
+            {"ca_file": ca_file, "server_name": "localhost", **mine},
+        ),
+        # Refused: a certificate for another name, one from another CA, a client certificate missing.
+        "wrong-name": (_tls_upstream(ca, "vllm.internal"), {"ca_file": ca_file, "server_name": "localhost"}),
+        "wrong-ca": (
+            _tls_upstream(ca, "localhost"),
+            {"ca_file": str(tmp_path / "other.crt"), "server_name": "localhost"},
+        ),
+        "no-client-cert": (
+            _tls_upstream(ca, "localhost", gw_ca),
+            {"ca_file": ca_file, "server_name": "localhost"},
+        ),
+    }
+    try:
+        with running(tmp_path / "gw", _tls_registry(ups), workers=1) as env:
+            auth = {"authorization": f"Bearer {KEY}"}
+            status = {
+                n: httpx.post(env.url + "/v1/chat/completions", json={**CHAT, "model": n}, headers=auth)
+                for n in ups
+            }
+        for n in ("good", "by-ip", "mutual"):
+            assert status[n].status_code == 200, (n, status[n].text)
+            assert len(ups[n][0].requests) == 1
+        for n in ("wrong-name", "wrong-ca", "no-client-cert"):
+            assert status[n].status_code == 503, (n, status[n].text)
+            assert status[n].json()["error"]["code"] == "upstream_unavailable"
+            assert ups[n][0].requests == []
+    finally:
+        for up, _ in ups.values():
+            up.stop()

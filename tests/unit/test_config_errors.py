@@ -65,6 +65,16 @@ def test_good_registry_loads() -> None:
         ),
         ("    latest: v1\n", "", "r.yaml:8:5: missing key 'models.llama.latest': add it"),
         ("models:", "modles:", "r.yaml:6:1: unknown key 'modles': did you mean 'models'?"),
+        (
+            "port: 8000}",
+            "port: 8000, tls: {ca_file: ca.pem, cert_file: me.pem}}",
+            "r.yaml:2:62: upstream 'vllm' has only one of tls.cert_file and tls.key_file: give both for mutual TLS, or neither",
+        ),
+        (
+            "port: 8000}",
+            "port: 8000, tls: {ca_file: ca.pem, verify: false}}",
+            "r.yaml:2:80: unknown key 'verify': allowed keys: ca_file, cert_file, key_file, server_name",
+        ),
     ],
 )
 def test_broken_registry_messages(old: str, new: str, message: str) -> None:
@@ -128,3 +138,17 @@ def test_key_file_problems_are_located(tmp_path: Path) -> None:
         ":3:21: key 'b' is the same key as another entry: each key may appear once",
         ":4:21: key 'c': sha256 must be 64 lower-case hex digits: paste the digest that `ztgate keys new` printed",
     ]
+
+
+def test_tls_to_a_consul_service_names_the_certificate() -> None:
+    doc = GOOD.replace("host: 127.0.0.1, port: 8000}", "service: vllm, tls: {ca_file: ca.pem}}")
+    with pytest.raises(RegistryError) as e:
+        Registry.from_yaml(doc, "consul:ztgate/registry")
+    assert [str(p) for p in e.value.problems] == [
+        "consul:ztgate/registry:2:48: upstream 'vllm' needs tls.server_name: "
+        "name the host its certificate is for (a service has no one host)"
+    ]
+    fixed = Registry.from_yaml(
+        doc.replace("{ca_file: ca.pem}", "{ca_file: ca.pem, server_name: vllm.internal}"), "consul:k"
+    )
+    assert fixed.spec.upstreams["vllm"].tls_name == "vllm.internal"
