@@ -36,9 +36,9 @@ def _endpoint(host: str, port: int) -> dict[str, Any]:
     return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
 
 
-def _upstream_tls(tls: UpstreamTLS, name: str) -> dict[str, Any]:
-    """TLS to a model server: chain verified against its CA, and `name` required in its SANs
-    (Envoy checks no name unless told: a certificate for any host the CA signed would do)."""
+def _upstream_tls(tls: UpstreamTLS, name: str, alpn: tuple[str, ...] = ()) -> dict[str, Any]:
+    """TLS to a model server (or the workers): chain verified against its CA, and `name` required
+    in its SANs (Envoy checks no name unless told: a certificate for any host the CA signed would do)."""
     san_type = "IP_ADDRESS" if _is_ip(name) else "DNS"
     common: dict[str, Any] = {
         "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
@@ -47,6 +47,8 @@ def _upstream_tls(tls: UpstreamTLS, name: str) -> dict[str, Any]:
             "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": name}}],
         },
     }
+    if alpn:
+        common["alpn_protocols"] = list(alpn)
     if tls.cert_file is not None and tls.key_file is not None:
         common["tls_certificates"] = [
             {"certificate_chain": {"filename": tls.cert_file}, "private_key": {"filename": tls.key_file}}
@@ -58,6 +60,20 @@ def _upstream_tls(tls: UpstreamTLS, name: str) -> dict[str, Any]:
     if san_type == "DNS":
         ctx["sni"] = name
     return {"name": "envoy.transport_sockets.tls", "typed_config": ctx}
+
+
+def _extproc_tls(settings: Settings) -> dict[str, Any] | None:
+    """Mutual TLS to the workers: Envoy shows the shared certificate and requires it of them,
+    under the name it dials them by (gRPC: HTTP/2 by ALPN)."""
+    s = settings
+    if s.extproc_tls_cert_file is None or s.extproc_tls_key_file is None or s.extproc_tls_ca_file is None:
+        return None
+    tls = UpstreamTLS(
+        ca_file=str(s.extproc_tls_ca_file),
+        cert_file=str(s.extproc_tls_cert_file),
+        key_file=str(s.extproc_tls_key_file),
+    )
+    return _upstream_tls(tls, s.extproc_tls_name or s.worker_host, alpn=("h2",))
 
 
 def _is_ip(name: str) -> bool:
@@ -287,6 +303,7 @@ def render(
             [(settings.worker_host, p) for p in settings.worker_ports],
             http2=True,
             buffer_limit=settings.buffer_limit_bytes * 2,
+            tls=_extproc_tls(settings),
         )
     ]
     if cds is None:

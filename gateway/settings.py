@@ -93,6 +93,13 @@ class Settings:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
+    # Mutual TLS between Envoy and the ext_proc workers (every prompt and answer crosses it): one
+    # certificate for both sides (it needs serverAuth and clientAuth), the CA both check, and the
+    # name Envoy requires in the workers' certificate (default: worker_host, as Envoy dials it).
+    extproc_tls_cert_file: Path | None = None
+    extproc_tls_key_file: Path | None = None
+    extproc_tls_ca_file: Path | None = None
+    extproc_tls_name: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -141,6 +148,10 @@ class Settings:
             tls_cert_file=_path(e, "ZTGATE_TLS_CERT_FILE"),
             tls_key_file=_path(e, "ZTGATE_TLS_KEY_FILE"),
             tls_client_ca_file=_path(e, "ZTGATE_TLS_CLIENT_CA_FILE"),
+            extproc_tls_cert_file=_path(e, "ZTGATE_EXTPROC_TLS_CERT_FILE"),
+            extproc_tls_key_file=_path(e, "ZTGATE_EXTPROC_TLS_KEY_FILE"),
+            extproc_tls_ca_file=_path(e, "ZTGATE_EXTPROC_TLS_CA_FILE"),
+            extproc_tls_name=e.get("ZTGATE_EXTPROC_TLS_NAME", ""),
         )
         s.check()
         return s
@@ -149,6 +160,11 @@ class Settings:
     def scheme(self) -> str:
         """How clients reach the listener: https when it terminates TLS."""
         return "https" if self.tls_cert_file is not None else "http"
+
+    @property
+    def extproc_tls(self) -> bool:
+        """Whether Envoy and the workers speak mutual TLS."""
+        return self.extproc_tls_cert_file is not None
 
     @property
     def pii_key_path(self) -> Path:
@@ -196,10 +212,18 @@ class Settings:
             raise ValueError(
                 "ZTGATE_TLS_CLIENT_CA_FILE needs the listener's TLS: set ZTGATE_TLS_CERT_FILE and _KEY_FILE"
             )
+        extproc = (self.extproc_tls_cert_file, self.extproc_tls_key_file, self.extproc_tls_ca_file)
+        if any(f is None for f in extproc) and any(f is not None for f in extproc):
+            raise ValueError(
+                "ZTGATE_EXTPROC_TLS_CERT_FILE, _KEY_FILE and _CA_FILE go together: set all three or none"
+            )
         for name, tls_file in (
             ("ZTGATE_TLS_CERT_FILE", self.tls_cert_file),
             ("ZTGATE_TLS_KEY_FILE", self.tls_key_file),
             ("ZTGATE_TLS_CLIENT_CA_FILE", self.tls_client_ca_file),
+            ("ZTGATE_EXTPROC_TLS_CERT_FILE", self.extproc_tls_cert_file),
+            ("ZTGATE_EXTPROC_TLS_KEY_FILE", self.extproc_tls_key_file),
+            ("ZTGATE_EXTPROC_TLS_CA_FILE", self.extproc_tls_ca_file),
         ):
             if tls_file is not None and not tls_file.is_file():
                 raise ValueError(f"{name} names no file: {tls_file}")

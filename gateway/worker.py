@@ -14,19 +14,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import uvloop
 
 from filters.chain import BuildEnv, Chain
 from gateway.audit import WRITER_ENGINE, AuditError, ChainWriter, now
 from gateway.config_yaml import ConfigError
 from gateway.consul import Consul, ConsulRegistry
-from gateway.extproc.server import ExtProcServer, serve
+from gateway.extproc.server import ExtProcServer, mutual_tls, serve
 from gateway.metrics import Metrics
 from gateway.observability import log, setup_logging
 from gateway.policy import source_for
 from gateway.registry import Registry
 from gateway.reload import Reloadable, watch
 from gateway.settings import Settings
+
+
+def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    s = settings
+    if s.extproc_tls_cert_file is None or s.extproc_tls_key_file is None or s.extproc_tls_ca_file is None:
+        return None
+    return mutual_tls(s.extproc_tls_cert_file, s.extproc_tls_key_file, s.extproc_tls_ca_file)
 
 
 async def _main(port: int) -> None:
@@ -69,7 +77,7 @@ async def _main(port: int) -> None:
     anchor = asyncio.create_task(_anchor_audit(env))
     try:
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(impl, settings.worker_host, port)
+            await serve(impl, settings.worker_host, port, credentials=_credentials(settings))
     finally:
         for task in (flusher, watcher, anchor, follower):
             if task is not None:

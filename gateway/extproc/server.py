@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -370,8 +371,21 @@ class ExtProcServer:
         )
 
 
-async def serve(server_impl: ExtProcServer, host: str, port: int, ready: asyncio.Event | None = None) -> None:
-    """Serve until cancelled."""
+def mutual_tls(cert: Path, key: Path, ca: Path) -> grpc.ServerCredentials:
+    """Server credentials that also require the peer's certificate, from the same CA (Envoy's)."""
+    return grpc.ssl_server_credentials(
+        [(key.read_bytes(), cert.read_bytes())], root_certificates=ca.read_bytes(), require_client_auth=True
+    )
+
+
+async def serve(
+    server_impl: ExtProcServer,
+    host: str,
+    port: int,
+    ready: asyncio.Event | None = None,
+    credentials: grpc.ServerCredentials | None = None,
+) -> None:
+    """Serve until cancelled (over mutual TLS with `credentials`)."""
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -381,7 +395,8 @@ async def serve(server_impl: ExtProcServer, host: str, port: int, ready: asyncio
     )
     # Registered (not generic) handlers: gRPC matches the method in C, per stream.
     server.add_registered_method_handlers(SERVICE, server_impl.handlers())
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind ext_proc port {host}:{port}")
     await server.start()

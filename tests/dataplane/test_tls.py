@@ -6,6 +6,7 @@ import socket
 import ssl
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 import trustme
@@ -157,3 +158,61 @@ def test_tls_to_model_servers_verifies_who_answers(tmp_path: Path) -> None:
     finally:
         for up, _ in ups.values():
             up.stop()
+
+
+def _process_once(port: int, creds: grpc.ChannelCredentials | None) -> grpc.StatusCode | bytes:
+    """One empty ProcessingRequest straight to a worker: its first answer, or the call's status."""
+    target = f"127.0.0.1:{port}"
+    with grpc.secure_channel(target, creds) if creds else grpc.insecure_channel(target) as ch:
+        call = ch.stream_stream(
+            "/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        try:
+            return bytes(next(iter(call(iter([b""]), timeout=5))))
+        except grpc.RpcError as exc:
+            return exc.code()
+
+
+def test_envoy_and_the_workers_speak_mutual_tls(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
+    ca, stranger = trustme.CA(), trustme.CA()
+    shared = ca.issue_cert("127.0.0.1")  # the name Envoy dials the workers by
+    shared.private_key_pem.write_to_path(str(tmp_path / "x.key"))
+    (tmp_path / "x.crt").write_bytes(b"".join(pem.bytes() for pem in shared.cert_chain_pems))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    env_vars = {
+        "ZTGATE_EXTPROC_TLS_CERT_FILE": str(tmp_path / "x.crt"),
+        "ZTGATE_EXTPROC_TLS_KEY_FILE": str(tmp_path / "x.key"),
+        "ZTGATE_EXTPROC_TLS_CA_FILE": str(tmp_path / "ca.crt"),
+    }
+    openai_up.requests.clear()
+    with running(tmp_path / "gw", _registry(openai_up), workers=1, env=env_vars) as env:
+        r = httpx.post(
+            env.url + "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {KEY}"}
+        )
+        assert r.status_code == 200, r.text
+        port = env.settings.worker_ports[0]
+        trust = ca.cert_pem.bytes()
+        key, chain = shared.private_key_pem.bytes(), b"".join(p.bytes() for p in shared.cert_chain_pems)
+        other = stranger.issue_cert("127.0.0.1")
+        # No TLS, TLS without a certificate, a certificate from another CA: no stream is opened.
+        assert _process_once(port, None) == grpc.StatusCode.UNAVAILABLE
+        assert _process_once(port, grpc.ssl_channel_credentials(trust)) == grpc.StatusCode.UNAVAILABLE
+        stranger_creds = grpc.ssl_channel_credentials(
+            trust, other.private_key_pem.bytes(), b"".join(p.bytes() for p in other.cert_chain_pems)
+        )
+        assert _process_once(port, stranger_creds) == grpc.StatusCode.UNAVAILABLE
+        # With the shared certificate the worker answers (here: its refusal of an empty message).
+        assert not isinstance(
+            _process_once(port, grpc.ssl_channel_credentials(trust, key, chain)), grpc.StatusCode
+        )
+    assert len(openai_up.requests) == 1
+    # Envoy checks the workers' name too: told to expect another, it opens no stream, forwards nothing.
+    env_vars["ZTGATE_EXTPROC_TLS_NAME"] = "workers.internal"
+    with running(tmp_path / "gw2", _registry(openai_up), workers=1, env=env_vars) as env:
+        r = httpx.post(
+            env.url + "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {KEY}"}
+        )
+    assert r.status_code >= 500 and r.json()["request_id"] == r.headers["x-request-id"], r.text
+    assert len(openai_up.requests) == 1

@@ -229,6 +229,15 @@ def test_unknown_filter_is_an_error() -> None:
         ({"ZTGATE_TLS_KEY_FILE": __file__}, "set both or neither"),
         ({"ZTGATE_TLS_CLIENT_CA_FILE": __file__}, "needs the listener's TLS"),
         ({"ZTGATE_TLS_CERT_FILE": "/nonexistent.crt", "ZTGATE_TLS_KEY_FILE": __file__}, "names no file"),
+        (
+            {"ZTGATE_EXTPROC_TLS_CERT_FILE": __file__, "ZTGATE_EXTPROC_TLS_KEY_FILE": __file__},
+            "all three or none",
+        ),
+        (
+            {f"ZTGATE_EXTPROC_TLS_{k}_FILE": __file__ for k in ("CERT", "KEY")}
+            | {"ZTGATE_EXTPROC_TLS_CA_FILE": "/no.pem"},
+            "names no file",
+        ),
     ],
 )
 def test_settings_refuse_unsafe_combinations(env: dict[str, str], message: str) -> None:
@@ -249,6 +258,22 @@ def test_tls_is_rendered_only_when_asked() -> None:
     assert common["tls_params"]["tls_minimum_protocol_version"] == "TLSv1_2"
     assert common["validation_context"]["trusted_ca"]["filename"] == str(cert)
     assert s.scheme == "https" and Settings().scheme == "http"
+    # The workers' link: the ext_proc cluster speaks TLS (h2) and checks the name it dials.
+    assert "transport_socket" not in envoy_config.render(Settings(), reg)["static_resources"]["clusters"][0]
+    m = Settings(
+        extproc_tls_cert_file=cert, extproc_tls_key_file=cert, extproc_tls_ca_file=cert, worker_host="gateway"
+    )
+    [ext] = [
+        c
+        for c in envoy_config.render(m, reg)["static_resources"]["clusters"]
+        if c["name"] == "ztgate_extproc"
+    ]
+    up = ext["transport_socket"]["typed_config"]
+    assert up["sni"] == "gateway" and up["common_tls_context"]["alpn_protocols"] == ["h2"]
+    assert up["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"] == [
+        {"san_type": "DNS", "matcher": {"exact": "gateway"}}
+    ]
+    assert up["common_tls_context"]["tls_certificates"][0]["certificate_chain"]["filename"] == str(cert)
 
 
 def test_envoy_config_is_fail_closed_and_lists_every_worker() -> None:
