@@ -13,7 +13,7 @@ from typing import ClassVar
 from filters.base import CONTINUE, BaseFilter, Decision, Deny, Phase, RequestContext, Verdict
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
-from gateway.policy import Action, subject
+from gateway.policy import Action, request_subject
 
 
 class Access(BaseFilter):
@@ -37,15 +37,7 @@ class Access(BaseFilter):
         policy = ctx.policy
         if policy is None:
             return Deny(500, ErrorCode.INTERNAL, "internal gateway error")
-        r = ctx.route
-        out = policy.decide(
-            subject(
-                ctx.principal,
-                f"{r.model}@{r.version}" if r else None,
-                ctx.path,
-                ctx.prompt.protocol.value if ctx.prompt else None,
-            )
-        )
+        out = policy.decide(request_subject(ctx))
         for name, action in out.shadow:
             ctx.verdicts.append(Verdict(self.name, "decide", f"monitor:{action.value}", 0.0, name))
         rule = out.rule.rule if out.rule else None

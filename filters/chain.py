@@ -126,6 +126,50 @@ class ChainConfigError(ValueError):
         super().__init__("; ".join(f"chain[{i}]{'.' + k if k else ''}: {w}" for i, k, w, _ in items))
 
 
+def _params(
+    i: int, name: str, raw: dict[str, Any], problems: list[tuple[int, str | None, str, str]]
+) -> BaseModel | None:
+    """`raw` validated by filter `name`'s parameter model; None, with the problems noted, if not."""
+    model = _FACTORIES[name][1]
+    try:
+        return model.model_validate(raw, strict=True)
+    except ValidationError as exc:
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else None
+            if err["type"] == "extra_forbidden":
+                fields = list(model.model_fields)
+                close = difflib.get_close_matches(str(key), fields, n=1)
+                hint = (
+                    f"did you mean {close[0]!r}?"
+                    if close
+                    else f"{name} takes: {', '.join(fields) or 'nothing'}"
+                )
+                problems.append((i, key, f"unknown parameter {key!r} for {name}", hint))
+            else:
+                # The full path locates nested mistakes (patterns.0.regex), not just the key.
+                dotted = ".".join(str(p) for p in err["loc"]) or None
+                problems.append(
+                    (
+                        i,
+                        dotted,
+                        f"{name}.{dotted or '(parameters)'}: {err['msg'].rstrip('.')} (got {err.get('input')!r})",
+                        hint_for(err["type"], err),
+                    )
+                )
+        return None
+
+
+def _made(
+    i: int, name: str, params: BaseModel, env: BuildEnv, problems: list[tuple[int, str | None, str, str]]
+) -> Filter | None:
+    try:
+        return _FACTORIES[name][0](env, params)
+    except (ImportError, OSError, ValueError) as exc:
+        # A missing optional package or model, an unreadable key file: a policy problem.
+        problems.append((i, None, f"filter {name!r} cannot start: {exc}", "see docs for the filter"))
+        return None
+
+
 def build_with_params(entries: Sequence[tuple[str, dict[str, Any]]], env: BuildEnv) -> Chain:
     """Build a chain from (filter name, parameters); every problem is collected, none skipped."""
     for mod in env.settings.filter_modules:
@@ -143,38 +187,9 @@ def build_with_params(entries: Sequence[tuple[str, dict[str, Any]]], env: BuildE
         if names.index(name) != i:
             problems.append((i, None, f"filter {name!r} is already in the chain", "list each filter once"))
             continue
-        factory, model = _FACTORIES[name]
-        try:
-            params = model.model_validate(raw, strict=True)
-        except ValidationError as exc:
-            for err in exc.errors():
-                key = str(err["loc"][0]) if err["loc"] else None
-                if err["type"] == "extra_forbidden":
-                    fields = list(model.model_fields)
-                    close = difflib.get_close_matches(str(key), fields, n=1)
-                    hint = (
-                        f"did you mean {close[0]!r}?"
-                        if close
-                        else f"{name} takes: {', '.join(fields) or 'nothing'}"
-                    )
-                    problems.append((i, key, f"unknown parameter {key!r} for {name}", hint))
-                else:
-                    # The full path locates nested mistakes (patterns.0.regex), not just the key.
-                    dotted = ".".join(str(p) for p in err["loc"]) or None
-                    problems.append(
-                        (
-                            i,
-                            dotted,
-                            f"{name}.{dotted or '(parameters)'}: {err['msg'].rstrip('.')} (got {err.get('input')!r})",
-                            hint_for(err["type"], err),
-                        )
-                    )
-            continue
-        try:
-            built = factory(env, params)
-        except (ImportError, OSError, ValueError) as exc:
-            # A missing optional package or model, an unreadable key file: a policy problem.
-            problems.append((i, None, f"filter {name!r} cannot start: {exc}", "see docs for the filter"))
+        params = _params(i, name, raw, problems)
+        built = _made(i, name, params, env, problems) if params is not None else None
+        if built is None:
             continue
         missing = [n for n in built.needs if n not in names[:i]]
         if missing:
@@ -191,6 +206,24 @@ def build_with_params(entries: Sequence[tuple[str, dict[str, Any]]], env: BuildE
     if problems:
         raise ChainConfigError(problems)
     return Chain(filters)
+
+
+def build_variants(name: str, variants: Sequence[tuple[int, dict[str, Any]]], env: BuildEnv) -> list[Filter]:
+    """Filter `name` once per (index, parameters): the variants that per-scope overrides select.
+
+    Each is validated and built as a chain entry would be; engines are shared by name, so a
+    variant costs only what its own parameters need. Problems carry the variant's index.
+    """
+    problems: list[tuple[int, str | None, str, str]] = []
+    built: list[Filter] = []
+    for i, raw in variants:
+        params = _params(i, name, raw, problems)
+        made = _made(i, name, params, env, problems) if params is not None else None
+        if made is not None:
+            built.append(made)
+    if problems:
+        raise ChainConfigError(problems)
+    return built
 
 
 def build(names: Sequence[str], env: BuildEnv) -> Chain:

@@ -10,16 +10,24 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from filters.base import Principal
-from filters.chain import BuildEnv, Chain, ChainConfigError, Recorder, build_with_params, shipped_and
+from filters.base import Decision, Filter, Phase, Principal, RequestContext, Verdict
+from filters.chain import (
+    BuildEnv,
+    Chain,
+    ChainConfigError,
+    Recorder,
+    build_variants,
+    build_with_params,
+    shipped_and,
+)
 from gateway.config_yaml import ConfigError, Marks, Problem, at, validate
 from gateway.reload import Reloadable
 
@@ -91,6 +99,19 @@ class Rule(_Strict):
     mode: Annotated[Mode, Lax] = Field(default=Mode.ENFORCE, description="enforce, or monitor (dry run).")
 
 
+class Override(_Strict):
+    """Parameters of one chain filter for the requests in a scope (docs/policy.md, Overrides)."""
+
+    name: str = Field(description="Unique name, shown in logs, audit and `ztgate policy explain`.")
+    description: str = Field(default="", description="Why the override exists.")
+    when: Scope = Field(default_factory=Scope, description="It applies when all of these match.")
+    unless: Scope | None = Field(default=None, description="…and none of these match.")
+    filter: str = Field(description="A filter of the chain (after principal and route).")
+    params: dict[str, Any] = Field(
+        description="Parameters that replace the chain entry's for these requests; the rest are the entry's."
+    )
+
+
 class FilterEntry(BaseModel):
     """One step of the chain: `filter: name` and that filter's own parameters."""
 
@@ -108,6 +129,11 @@ class PolicySpec(_Strict):
         default=Action.ALLOW, description="Decision when no rule matches (allow or deny)."
     )
     rules: list[Rule] = Field(default_factory=list, description="Scoped rules.")
+    overrides: list[Override] = Field(
+        default_factory=list,
+        description="Per-scope parameters of chain filters: the most specific matching override of "
+        "a filter serves a request (a tie: the first listed); none matching: the chain entry's.",
+    )
     lists: dict[str, list[str]] = Field(default_factory=dict, description="Named lists, used as `@name`.")
     fail_mode: dict[Dependency, Annotated[FailMode, Lax]] = Field(
         default_factory=dict,
@@ -148,10 +174,9 @@ def subject(principal: Principal | None, model: str | None, route: str, protocol
 
 
 @dataclass(frozen=True, slots=True)
-class CompiledRule:
-    """A rule with its lists expanded, ready to match."""
+class Matcher:
+    """A scope with its lists expanded, ready to match."""
 
-    rule: Rule
     when: dict[str, tuple[str, ...]]
     unless: dict[str, tuple[str, ...]] | None
 
@@ -166,6 +191,98 @@ class CompiledRule:
         if not _all_match(self.when, s):
             return False
         return not (self.unless and _all_match(self.unless, s))
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule(Matcher):
+    """A rule, ready to match."""
+
+    rule: Rule
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledOverride(Matcher):
+    """An override, ready to match, with the filter built on its parameters."""
+
+    override: Override
+    variant: Filter
+
+
+def request_subject(ctx: RequestContext) -> Subject:
+    """The subject of a request in flight, as far as the chain has read it."""
+    r = ctx.route
+    return subject(
+        ctx.principal,
+        f"{r.model}@{r.version}" if r else None,
+        ctx.path,
+        ctx.prompt.protocol.value if ctx.prompt else None,
+    )
+
+
+class ScopedFilter:
+    """A chain filter whose parameters vary by scope.
+
+    The first hook of a request picks the variant: the most specific matching override's (a tie:
+    the first listed), else the chain entry's; every later hook of that request, to `on_end`,
+    goes to the same one. Overrides apply only to filters after principal and route that do not
+    read request headers, so the caller, the model, the path and the protocol are known by then.
+    """
+
+    name: ClassVar[str] = ""
+    phases: ClassVar[Phase] = Phase.NONE
+    on_behalf: ClassVar[Phase] = Phase.NONE
+    needs: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, base: Filter, overrides: Sequence[CompiledOverride]) -> None:
+        self.base = base
+        # Stable sort: on equal specificity the first listed stays first.
+        self.overrides = tuple(sorted(overrides, key=lambda o: o.specificity, reverse=True))
+        self._key = f"override:{base.name}"
+
+    def pick(self, s: Subject) -> CompiledOverride | None:
+        """The override that serves a request of subject `s` (None: the chain entry's parameters)."""
+        return next((o for o in self.overrides if o.matches(s)), None)
+
+    def _serving(self, ctx: RequestContext) -> Filter:
+        chosen = ctx.state.get(self._key)
+        if chosen is None:
+            o = self.pick(request_subject(ctx))
+            chosen = self.base
+            if o is not None:
+                chosen = o.variant
+                ctx.verdicts.append(Verdict(self.name, "override", "apply", 0.0, o.override.name))
+            ctx.state[self._key] = chosen
+        return cast("Filter", chosen)
+
+    async def on_request_headers(self, ctx: RequestContext) -> Decision:
+        return await self._serving(ctx).on_request_headers(ctx)
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        return await self._serving(ctx).on_request_body(ctx, body)
+
+    async def on_response_headers(self, ctx: RequestContext) -> Decision:
+        return await self._serving(ctx).on_response_headers(ctx)
+
+    async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
+        return await self._serving(ctx).on_response_chunk(ctx, chunk, end)
+
+    async def on_settle(self, ctx: RequestContext) -> Decision:
+        return await self._serving(ctx).on_settle(ctx)
+
+    async def on_end(self, ctx: RequestContext) -> None:
+        chosen = ctx.state.get(self._key)
+        await cast("Filter", chosen if chosen is not None else self.base).on_end(ctx)
+
+
+def scoped(base: Filter, overrides: Sequence[CompiledOverride]) -> Filter:
+    """`base` wrapped so that `overrides` pick its parameters per request (its name, phases, needs)."""
+    cls = type(
+        f"Scoped_{base.name}",
+        (ScopedFilter,),
+        {"name": base.name, "phases": base.phases, "on_behalf": base.on_behalf, "needs": base.needs},
+    )
+    wrapped: Filter = cls(base, overrides)
+    return wrapped
 
 
 def _all_match(scope: dict[str, tuple[str, ...]], s: Subject) -> bool:
@@ -200,6 +317,7 @@ class CompiledPolicy:
     source: str
     chain: Chain
     rules: tuple[CompiledRule, ...]
+    overrides: tuple[CompiledOverride, ...] = ()
 
     def action_of(self, rule_name: str) -> Action:
         """The action of the rule called `rule_name` (names are unique)."""
@@ -241,6 +359,11 @@ class CompiledPolicy:
         top = max(marks, key=lambda r: (_STRICTNESS[r.rule.action], r.specificity))
         return Outcome(top.rule.action, top, tuple(shadow), tuple(m.rule.name for m in marks), tuple(redact))
 
+    def overrides_for(self, s: Subject) -> list[CompiledOverride]:
+        """The override serving each filter for subject `s`, in chain order (filters without one left out)."""
+        picked = (f.pick(s) for f in self.chain.filters if isinstance(f, ScopedFilter))
+        return [o for o in picked if o is not None]
+
     def explain(self, s: Subject) -> list[str]:
         """Human-readable: which rules match, in precedence order, and the decision."""
         lines = [f"policy {self.source} revision {self.revision}"]
@@ -263,6 +386,11 @@ class CompiledPolicy:
         if out.redact:
             lines.append(f"  PII redacted on both sides by: {', '.join(out.redact)}")
         lines += [f"  monitor: {name} would {action.value}" for name, action in out.shadow]
+        lines += [
+            f"  override {o.override.name}: {o.override.filter} with "
+            + ", ".join(f"{k}={v!r}" for k, v in o.override.params.items())
+            for o in self.overrides_for(s)
+        ]
         return lines
 
 
@@ -274,8 +402,12 @@ def _why_not(r: CompiledRule, s: Subject) -> str:
 
 
 def canonical(spec: PolicySpec) -> str:
-    """Canonical JSON of a validated policy (key order and formatting independent)."""
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Canonical JSON of a validated policy (key order and formatting independent).
+
+    A policy without overrides reads as it did before they existed, so its revision is unchanged.
+    """
+    doc = spec.model_dump(mode="json", exclude=None if spec.overrides else {"overrides"})
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _expand(  # noqa: PLR0917 - one internal helper, called twice
@@ -337,23 +469,13 @@ def compile_policy(text: str, source: str, env: BuildEnv) -> CompiledPolicy:
     for i, r in enumerate(spec.rules):
         when = _expand(r.when, spec.lists, marks, source, ("rules", i, "when"), problems) or {}
         unless = _expand(r.unless, spec.lists, marks, source, ("rules", i, "unless"), problems)
-        rules.append(CompiledRule(r, when, unless))
+        rules.append(CompiledRule(when, unless, r))
     entries = [(e.filter, dict(e.model_extra or {})) for e in spec.chain]
     chain: Chain | None = None
     try:
         chain = build_with_params(entries, env)
     except ChainConfigError as exc:
-        for index, key, what, hint in exc.items:
-            path: tuple[Any, ...] = ("chain", index, "filter")
-            if key:
-                parts = [int(x) if x.isdigit() else x for x in key.split(".")]
-                path = ("chain", index, *parts)
-                # The nearest located ancestor: a list item's mark, else its key's.
-                while len(path) > 3 and path not in marks:
-                    path = path[:-1]
-            if what.startswith("unknown parameter"):
-                path = (*path, "<key>")
-            problems.append(at(marks, source, path, what, hint))
+        _locate(exc, lambda i: ("chain", i), lambda i: ("chain", i, "filter"), marks, source, problems)
     names = [e.filter for e in spec.chain]
     for i, r in enumerate(spec.rules):
         if r.action is Action.REDACT and not (
@@ -389,11 +511,122 @@ def compile_policy(text: str, source: str, env: BuildEnv) -> CompiledPolicy:
                 "a filter after it could change the outcome after the record was written; move audit to the end",
             )
         )
+    overrides: list[CompiledOverride] = []
+    if chain is not None:
+        overrides = _overrides(spec, entries, chain, env, marks, source, problems)
     if problems or chain is None:
         raise ConfigError(problems)
+    if overrides:
+        by_filter: dict[str, list[CompiledOverride]] = {}
+        for o in overrides:
+            by_filter.setdefault(o.override.filter, []).append(o)
+        chain = Chain([scoped(f, by_filter[f.name]) if f.name in by_filter else f for f in chain.filters])
     revision = hashlib.sha256(canonical(spec).encode()).hexdigest()[:12]
     chain.revision = revision
-    return CompiledPolicy(spec, revision, source, chain, tuple(rules))
+    return CompiledPolicy(spec, revision, source, chain, tuple(rules), tuple(overrides))
+
+
+def _locate(  # noqa: PLR0917 - one internal helper, for chain entries and overrides
+    exc: ChainConfigError,
+    prefix: Callable[[int], tuple[Any, ...]],
+    bare: Callable[[int], tuple[Any, ...]],
+    marks: Marks,
+    source: str,
+    problems: list[Problem],
+) -> None:
+    """The chain builder's problems at their place in the file: `prefix(index)` + the parameter's path
+    (the nearest located ancestor), or `bare(index)` for a problem of no parameter."""
+    for index, key, what, hint in exc.items:
+        head = prefix(index)
+        path = bare(index)
+        if key:
+            parts = [int(x) if x.isdigit() else x for x in key.split(".")]
+            path = (*head, *parts)
+            # The nearest located ancestor: a list item's mark, else its key's.
+            while len(path) > len(head) + 1 and path not in marks:
+                path = path[:-1]
+        if what.startswith("unknown parameter"):
+            path = (*path, "<key>")
+        problems.append(at(marks, source, path, what, hint))
+
+
+def _overrides(  # noqa: PLR0917 - one internal helper of compile_policy
+    spec: PolicySpec,
+    entries: Sequence[tuple[str, dict[str, Any]]],
+    chain: Chain,
+    env: BuildEnv,
+    marks: Marks,
+    source: str,
+    problems: list[Problem],
+) -> list[CompiledOverride]:
+    """The policy's overrides checked and built: each one's filter on the entry's parameters with its own."""
+    names = [n for n, _ in entries]
+    built = {f.name: f for f in chain.filters}
+    seen: dict[str, int] = {}
+    wanted: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, o in enumerate(spec.overrides):
+        where = ("overrides", i)
+        if o.name in seen:
+            problems.append(
+                at(
+                    marks,
+                    source,
+                    (*where, "name"),
+                    f"duplicate override name {o.name!r}",
+                    f"override names must be unique (first used by overrides[{seen[o.name]}])",
+                )
+            )
+        seen.setdefault(o.name, i)
+        if o.filter not in built:
+            problems.append(
+                at(
+                    marks,
+                    source,
+                    (*where, "filter"),
+                    f"override of {o.filter!r}, which is not in the chain",
+                    f"override one of the chain's filters: {', '.join(names)}",
+                )
+            )
+            continue
+        late = [n for n in ("principal", "route") if n not in names[: names.index(o.filter)]]
+        if late or built[o.filter].phases & Phase.REQUEST_HEADERS:
+            problems.append(
+                at(
+                    marks,
+                    source,
+                    (*where, "filter"),
+                    f"{o.filter!r} cannot be overridden per scope: "
+                    + (
+                        f"{' and '.join(late)} must come before it in the chain"
+                        if late
+                        else "it reads the request headers, before the model is known"
+                    ),
+                    "override a filter that comes after principal and route and reads the body or the "
+                    "answer (prompt_injection, pii, audit)",
+                )
+            )
+            continue
+        wanted.setdefault(o.filter, []).append((i, {**dict(entries[names.index(o.filter)][1]), **o.params}))
+    variants: dict[int, Filter] = {}
+    for name, todo in wanted.items():
+        try:
+            variants.update(zip((i for i, _ in todo), build_variants(name, todo, env), strict=True))
+        except ChainConfigError as exc:
+            _locate(
+                exc,
+                lambda i: ("overrides", i, "params"),
+                lambda i: ("overrides", i, "filter"),
+                marks,
+                source,
+                problems,
+            )
+    out = []
+    for i, o in enumerate(spec.overrides):
+        when = _expand(o.when, spec.lists, marks, source, ("overrides", i, "when"), problems) or {}
+        unless = _expand(o.unless, spec.lists, marks, source, ("overrides", i, "unless"), problems)
+        if i in variants:
+            out.append(CompiledOverride(when, unless, o, variants[i]))
+    return out
 
 
 def load(path: Path, env: BuildEnv) -> CompiledPolicy:
@@ -441,10 +674,29 @@ def json_schema(filter_modules: Sequence[str] = ()) -> dict[str, Any]:
     schema = PolicySpec.model_json_schema()
     defs: dict[str, Any] = schema["$defs"]
     entry = defs["FilterEntry"]
-    variants = []
+    override = defs["Override"]
+    variants, overrides = [], []
     for name, params in shipped_and(filter_modules).items():
         own = params.model_json_schema(ref_template="#/$defs/{model}")
         defs.update(own.pop("$defs", {}))
+        overrides.append(
+            {
+                "title": name,
+                "type": "object",
+                "properties": {
+                    **override["properties"],
+                    "filter": {"const": name},
+                    "params": {
+                        "description": override["properties"]["params"]["description"],
+                        "type": "object",
+                        "properties": own.get("properties", {}),
+                        "additionalProperties": False,
+                    },
+                },
+                "required": override["required"],
+                "additionalProperties": False,
+            }
+        )
         variants.append(
             {
                 "title": name,
@@ -456,4 +708,9 @@ def json_schema(filter_modules: Sequence[str] = ()) -> dict[str, Any]:
             }
         )
     defs["FilterEntry"] = {"title": entry["title"], "description": entry["description"], "oneOf": variants}
+    defs["Override"] = {
+        "title": override["title"],
+        "description": override["description"],
+        "oneOf": overrides,
+    }
     return schema

@@ -8,6 +8,9 @@ decision (and, optionally, the deciding rule). Like OPA's policy tests, but data
       - name: tellers cannot use the dev model
         request: {tenant: bank, groups: [tellers], user: ann, model: dev-llm@v1, path: /v1/chat/completions}
         expect: {decision: deny, rule: dev-models-only-for-devs}
+
+`expect` may also name `redact` (whether a redact rule applies) and `overrides` (the overrides
+that serve the request, in chain order).
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class Expect(_Strict):
     redact: bool | None = Field(
         default=None, description="Whether a `redact` rule applies (omit: not checked)."
     )
+    overrides: list[str] | None = Field(
+        default=None, description="The overrides that serve this request, in chain order (omit: not checked)."
+    )
 
 
 class Case(_Strict):
@@ -82,14 +88,15 @@ def run(directory: Path, env: Any) -> int:
             continue
         for i, case in enumerate(tests.cases):
             r = case.request
-            out = pol.decide(
-                policy.Subject(r.tenant, tuple(r.groups), r.user, r.model, r.path, r.protocol, r.key)
-            )
+            subject = policy.Subject(r.tenant, tuple(r.groups), r.user, r.model, r.path, r.protocol, r.key)
+            out = pol.decide(subject)
             rule = out.rule.rule.name if out.rule else "default"
+            serving = [o.override.name for o in pol.overrides_for(subject)]
             ok = (
                 out.action.value == case.expect.decision
                 and case.expect.rule in (None, rule)
                 and case.expect.redact in (None, bool(out.redact))
+                and case.expect.overrides in (None, serving)
             )
             if ok:
                 passed += 1
@@ -102,6 +109,7 @@ def run(directory: Path, env: Any) -> int:
                     f"{case.expect.decision}{f' by {case.expect.rule}' if case.expect.rule else ''}, "
                     f"got {out.action.value} by {rule}"
                     + (f", redact {bool(out.redact)}" if case.expect.redact is not None else "")
+                    + (f", overrides {serving}" if case.expect.overrides is not None else "")
                 )
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -317,6 +317,21 @@ def _start_once(
     return GatewayEnv(gw, f"{settings.scheme}://127.0.0.1:{settings.listen_port}")
 
 
+def chat_answer(content: str) -> web.Response:
+    """A whole OpenAI chat completion saying `content`, as a model server answers it."""
+    return json_answer(
+        {"id": "x", "object": "chat.completion", "created": 0, "model": "chat",
+         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}
+    )  # fmt: skip
+
+
+def chat_registry(port: int) -> dict[str, Any]:
+    """A registry with one OpenAI upstream on `port` serving model `chat` (version 1)."""
+    return registry_for(
+        {"v": ("openai", port)}, {"chat": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
+    )
+
+
 def registry_for(
     upstreams: dict[str, tuple[str, int]],
     models: dict[str, Any],

@@ -15,7 +15,16 @@ import httpx
 import pytest
 
 from bench import pii_synth as synth
-from tests.harness import KEY, GatewayEnv, ScriptedUpstream, json_answer, registry_for, running, streamed
+from tests.harness import (
+    KEY,
+    GatewayEnv,
+    ScriptedUpstream,
+    chat_registry,
+    json_answer,
+    registry_for,
+    running,
+    streamed,
+)
 
 pytestmark = pytest.mark.dataplane
 
@@ -435,9 +444,7 @@ def test_a_redact_rule_redacts_its_tenant_only(tmp_path: Path) -> None:
         up.handler = lambda _r: json_answer(
             {"choices": [{"index": 0, "message": {"content": f"card {CARD}"}}]}
         )
-        reg = registry_for(
-            {"v": ("openai", up.port)}, {"chat": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
-        )
+        reg = chat_registry(up.port)
         body = {"model": "chat", "messages": [{"role": "user", "content": f"my id {ID}"}]}
         with running(tmp_path / "gw", reg, env={"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}) as env:
             acme = httpx.post(

@@ -21,6 +21,8 @@ from tests.harness import (
     OTHER_TENANT_KEY,
     Recorded,
     ScriptedUpstream,
+    chat_answer,
+    chat_registry,
     json_answer,
     registry_for,
     running,
@@ -43,14 +45,9 @@ def _policy(tmp_path: Path, tail: str) -> None:
 def test_a_jailbreak_is_denied_and_never_reaches_the_upstream(tmp_path: Path) -> None:
     _policy(tmp_path, "    status: 400\n")
     up = ScriptedUpstream("openai").start()
-    up.handler = lambda _r: json_answer(
-        {"id": "x", "object": "chat.completion", "created": 0, "model": "chat",
-         "choices": [{"index": 0, "message": {"role": "assistant", "content": "sure"}, "finish_reason": "stop"}]}
-    )  # fmt: skip
+    up.handler = lambda _r: chat_answer("sure")
     try:
-        reg = registry_for(
-            {"v": ("openai", up.port)}, {"chat": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
-        )
+        reg = chat_registry(up.port)
         with running(tmp_path / "gw", reg, env={"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}) as env:
             client = openai.OpenAI(base_url=f"{env.url}/v1", api_key=KEY, max_retries=0)
             with pytest.raises(openai.BadRequestError) as e:
@@ -120,17 +117,12 @@ def test_assistant_turns_are_scored_unless_the_gateway_delivered_them(tmp_path: 
     def answer(r: Recorded) -> Any:
         if json.loads(r.body).get("stream"):
             return streamed(_chunked(said), gap_s=0.002)
-        return json_answer(
-            {"id": "x", "object": "chat.completion", "created": 0, "model": "chat",
-             "choices": [{"index": 0, "message": {"role": "assistant", "content": "sure"}, "finish_reason": "stop"}]}
-        )  # fmt: skip
+        return chat_answer("sure")
 
     up.handler = answer
     ask: list[Any] = [{"role": "user", "content": "please summarise the report"}]
     try:
-        reg = registry_for(
-            {"v": ("openai", up.port)}, {"chat": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
-        )
+        reg = chat_registry(up.port)
         with running(tmp_path / "gw", reg, env={"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}) as env:
             alice = openai.OpenAI(base_url=f"{env.url}/v1", api_key=KEY, max_retries=0)
             bob = openai.OpenAI(base_url=f"{env.url}/v1", api_key=OTHER_TENANT_KEY, max_retries=0)

@@ -1,0 +1,201 @@
+"""Per-scope filter parameters (`overrides`): checks with exact messages, selection, revisions, schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from filters.base import Principal, RequestContext
+from filters.chain import BuildEnv
+from gateway import policy, policy_tests
+from gateway.config_yaml import ConfigError
+from gateway.registry import Registry
+from gateway.settings import Settings
+
+ENV = BuildEnv(Settings())
+BASE = """\
+version: 1
+chain:
+  - filter: principal
+  - filter: protocol
+  - filter: route
+  - filter: access
+  - filter: pii
+    request: false
+lists:
+  vip: [root]
+overrides:
+  - name: acme-prompts
+    when: {tenant: [acme]}
+    filter: pii
+    params: {request: true}
+"""
+
+
+def _ctx(request_id: str) -> RequestContext:
+    return RequestContext(
+        request_id, "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
+    )
+
+
+def _who(tenant: str, user: str) -> policy.Subject:
+    return policy.subject(Principal("k", user, tenant, ()), "m@1", "/v1/chat/completions", "openai")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            "    filter: pii\n    params",
+            "    filter: audit\n    params",
+            "p.yaml:14:13: override of 'audit', which is not in the chain: override one of the chain's "
+            "filters: principal, protocol, route, access, pii",
+        ),
+        (
+            "  - filter: route\n  - filter: access\n  - filter: pii\n    request: false\n",
+            "  - filter: pii\n    request: false\n  - filter: route\n  - filter: access\n",
+            "p.yaml:14:13: 'pii' cannot be overridden per scope: route must come before it in the chain: "
+            "override a filter that comes after principal and route and reads the body or the answer "
+            "(prompt_injection, pii, audit)",
+        ),
+        (
+            "  - filter: access\n",
+            "  - filter: access\n  - filter: risk\n",
+            None,  # (replaced below: an override of risk)
+        ),
+        (
+            "params: {request: true}",
+            "params: {reqest: true}",
+            "p.yaml:15:14: unknown parameter 'reqest' for pii: did you mean 'request'?",
+        ),
+        (
+            "params: {request: true}",
+            "params: {threshold: 2}",
+            "p.yaml:15:25: pii.threshold: Input should be less than or equal to 1 (got 2): use a value in range",
+        ),
+        (
+            "params: {request: true}",
+            "params: {entities: [PASSPORT]}",
+            "p.yaml:15:24: pii.entities: Value error, unknown entities ['PASSPORT']: known are CN_RESIDENT_ID, "
+            "CN_BANK_CARD, CREDIT_CARD, CN_MOBILE, IBAN_CODE, US_SSN, EMAIL_ADDRESS, IP_ADDRESS, PHONE_NUMBER "
+            "(got ['PASSPORT'])",
+        ),
+        (
+            "when: {tenant: [acme]}",
+            'when: {user: ["@vips"]}',
+            "p.yaml:13:19: undefined list '@vips': define it under `lists:` (defined: vip)",
+        ),
+        (
+            "    params: {request: true}\n",
+            "    params: {request: true}\n  - {name: acme-prompts, filter: pii, params: {}}\n",
+            "p.yaml:16:12: duplicate override name 'acme-prompts': override names must be unique "
+            "(first used by overrides[0])",
+        ),
+        (
+            "    params: {request: true}\n",
+            "    params: true\n",
+            "p.yaml:15:13: overrides.0.params: Input should be a valid dictionary (got True): write a mapping "
+            "(key: value lines)",
+        ),
+    ],
+)
+def test_broken_overrides_are_reported_exactly(old: str, new: str, message: str | None) -> None:
+    text = BASE.replace(old, new, 1)
+    assert text != BASE
+    if message is None:  # the risk filter reads request headers: its parameters cannot vary by scope
+        text = text.replace("    filter: pii\n    params", "    filter: risk\n    params").replace(
+            "{request: true}", "{threshold: 2}"
+        )
+        message = (
+            "p.yaml:15:13: 'risk' cannot be overridden per scope: it reads the request headers, before "
+            "the model is known: override a filter that comes after principal and route and reads the "
+            "body or the answer (prompt_injection, pii, audit)"
+        )
+    with pytest.raises(ConfigError) as e:
+        policy.compile_policy(text, "p.yaml", ENV)
+    assert message in [str(p) for p in e.value.problems], str(e.value)
+
+
+def test_the_most_specific_override_serves_and_a_tie_goes_to_the_first_listed() -> None:
+    text = BASE + (
+        '  - {name: vip-monitor, when: {tenant: [acme], user: ["@vip"]}, filter: pii, params: {mode: monitor}}\n'
+        "  - {name: acme-later, when: {tenant: [acme]}, filter: pii, params: {response: false}}\n"
+        "  - {name: not-acme, when: {tenant: ['*']}, unless: {tenant: [acme]}, filter: pii,"
+        " params: {replacement: mask}}\n"
+    )
+    p = policy.compile_policy(text, "p.yaml", ENV)
+
+    def serving(tenant: str, user: str) -> list[str]:
+        return [o.override.name for o in p.overrides_for(_who(tenant, user))]
+
+    assert serving("acme", "ann") == ["acme-prompts"]
+    assert serving("acme", "root") == ["vip-monitor"]
+    assert serving("globex", "ann") == ["not-acme"]
+    assert serving("acme", "bob") == ["acme-prompts"]  # not-acme's `unless` excludes acme
+    variant = next(o.variant for o in p.overrides if o.override.name == "acme-prompts")
+    base = next(f for f in p.chain.filters if f.name == "pii")
+    # The variant carries the entry's parameters with the override's on top.
+    assert (variant.request, variant.response) == (True, True)  # type: ignore[attr-defined]
+    assert isinstance(base, policy.ScopedFilter) and base.base.request is False  # type: ignore[attr-defined]
+    assert "  override acme-prompts: pii with request=True" in p.explain(_who("acme", "ann"))
+
+
+async def test_one_request_is_served_by_one_variant_from_its_first_hook_to_its_last() -> None:
+    p = policy.compile_policy(BASE, "p.yaml", ENV)
+    pii = next(f for f in p.chain.filters if f.name == "pii")
+    assert isinstance(pii, policy.ScopedFilter)
+    ctx = _ctx("r1")
+    ctx.principal = Principal("k", "ann", "acme", ())
+    await pii.on_request_body(ctx, b"")
+    chosen = ctx.state["override:pii"]
+    assert chosen is pii.overrides[0].variant
+    ctx.principal = Principal("k", "ann", "globex", ())  # not re-read: the request keeps its variant
+    await pii.on_settle(ctx)
+    assert ctx.state["override:pii"] is chosen
+    assert [(v.phase, v.action, v.detail) for v in ctx.verdicts if v.phase == "override"] == [
+        ("override", "apply", "acme-prompts")
+    ]
+    other = _ctx("r2")
+    other.principal = Principal("k", "bob", "globex", ())
+    await pii.on_request_body(other, b"")
+    assert other.state["override:pii"] is pii.base and not other.verdicts
+
+
+def test_a_policy_without_overrides_keeps_its_revision_and_one_with_them_gets_another() -> None:
+    plain = BASE.split("overrides:", maxsplit=1)[0]
+    spec = policy.compile_policy(plain, "p.yaml", ENV).spec
+    assert "overrides" not in policy.canonical(spec)
+    assert (
+        policy.compile_policy(plain, "p.yaml", ENV).revision
+        != policy.compile_policy(BASE, "p.yaml", ENV).revision
+    )
+
+
+def test_the_schema_checks_an_override_s_parameters_by_its_filter() -> None:
+    check = jsonschema.Draft202012Validator(policy.json_schema())
+    doc = yaml.safe_load(BASE)
+    assert not [e.message for e in check.iter_errors(doc)]
+    for change in ({"params": {"reqest": True}}, {"params": {"threshold": 2}}, {"filter": "no_such"}):
+        bad = {**doc, "overrides": [{**doc["overrides"][0], **change}]}
+        assert list(check.iter_errors(bad)), change
+
+
+def test_policy_tests_can_expect_the_overrides_that_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "p.yaml").write_text(BASE)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "t.yaml").write_text(
+        "policy: ../p.yaml\ncases:\n"
+        "  - name: acme\n    request: {tenant: acme, user: ann, model: m@1}\n"
+        "    expect: {decision: allow, overrides: [acme-prompts]}\n"
+        "  - name: globex wrongly expected\n    request: {tenant: globex, user: ann, model: m@1}\n"
+        "    expect: {decision: allow, overrides: [acme-prompts]}\n"
+    )
+    assert policy_tests.run(tmp_path / "tests", ENV) == 1
+    out = capsys.readouterr().out
+    assert "PASS t.yaml: acme" in out
+    assert "globex wrongly expected: expected allow, got allow by default, overrides []" in out
