@@ -218,7 +218,9 @@ def _redact_engine(args: argparse.Namespace) -> tuple[Any, Any] | str:
         p = policy.load(Path(args.policy), _policy_env())
     except ConfigError as exc:
         return str(exc)
-    found = [f for f in p.chain.filters if isinstance(f, PiiRedactor)]
+    # The chain entry's pii (its parameters, not an override's).
+    bare = [f.base if isinstance(f, policy.ScopedFilter) else f for f in p.chain.filters]
+    found = [f for f in bare if isinstance(f, PiiRedactor)]
     if not found:
         return f"{args.policy}: the policy has no pii filter; name entities with --entities"
     rep = _cli_replacer(args.replacement) if args.replacement else found[0].replace

@@ -57,6 +57,19 @@ def test_entities_option_and_bad_lines(tmp_path: Path) -> None:
     assert r.returncode == 2 and "unknown entities" in r.stderr
 
 
+def test_a_policy_with_pii_overrides_redacts_with_the_chain_entry_s_parameters(tmp_path: Path) -> None:
+    # The hospital example hashes identifiers and overrides pii (mask) for its researchers.
+    r = _run(
+        '{"text": "MRN 1234567, a.b@example.com"}\n',
+        "--policy",
+        "policies/examples/hospital.yaml",
+        tmp=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    text = json.loads(r.stdout)["text"]
+    assert text.startswith("<MRN:") and ", <EMAIL_ADDRESS:" in text and "[REDACTED]" not in text
+
+
 def test_classify_scores_lines_in_order(tmp_path: Path) -> None:
     from tests.injection_model import build
 
