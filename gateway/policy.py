@@ -224,8 +224,9 @@ class ScopedFilter:
 
     The first hook of a request picks the variant: the most specific matching override's (a tie:
     the first listed), else the chain entry's; every later hook of that request, to `on_end`,
-    goes to the same one. Overrides apply only to filters after principal and route that do not
-    read request headers, so the caller, the model, the path and the protocol are known by then.
+    goes to the same one. An override names only scope fields known by then (compile_policy
+    checks it): the caller after principal, the path always, the model and the protocol only to
+    a filter that first runs on the body or later.
     """
 
     name: ClassVar[str] = ""
@@ -550,6 +551,41 @@ def _locate(  # noqa: PLR0917 - one internal helper, for chain entries and overr
         problems.append(at(marks, source, path, what, hint))
 
 
+# The filter after which a scope field is known (the path, `route`, always is).
+_KNOWN_AFTER = {
+    "key": "principal",
+    "user": "principal",
+    "group": "principal",
+    "tenant": "principal",
+    "model": "route",
+    "protocol": "protocol",
+}
+
+
+def _unknowable(o: Override, names: list[str], f: Filter) -> list[tuple[str, str, str]]:
+    """(when|unless, field, why) for each scope field of `o` that is not known when `f` first runs.
+
+    A filter runs in chain order: the caller is known after `principal`, the path always; the model
+    after `route` and the protocol after `protocol`, but only once the body has been read (an
+    OpenAI request names its model there), so not to a filter that reads the request headers.
+    """
+    before = names[: names.index(o.filter)]
+    reads_headers = bool(f.phases & Phase.REQUEST_HEADERS)
+    out = []
+    for part, scope in (("when", o.when), ("unless", o.unless)):
+        if scope is None:
+            continue
+        for dim in _DIMENSIONS:
+            if getattr(scope, dim) is None or dim == "route":
+                continue
+            needed = _KNOWN_AFTER[dim]
+            if needed not in before:
+                out.append((part, dim, f"{needed} must come before it in the chain"))
+            elif dim in ("model", "protocol") and reads_headers:
+                out.append((part, dim, f"it reads the request headers, before the request's {dim} is known"))
+    return out
+
+
 def _overrides(  # noqa: PLR0917 - one internal helper of compile_policy
     spec: PolicySpec,
     entries: Sequence[tuple[str, dict[str, Any]]],
@@ -588,23 +624,20 @@ def _overrides(  # noqa: PLR0917 - one internal helper of compile_policy
                 )
             )
             continue
-        late = [n for n in ("principal", "route") if n not in names[: names.index(o.filter)]]
-        if late or built[o.filter].phases & Phase.REQUEST_HEADERS:
+        unknown = _unknowable(o, names, built[o.filter])
+        for part, dim, why in unknown:
             problems.append(
                 at(
                     marks,
                     source,
-                    (*where, "filter"),
-                    f"{o.filter!r} cannot be overridden per scope: "
-                    + (
-                        f"{' and '.join(late)} must come before it in the chain"
-                        if late
-                        else "it reads the request headers, before the model is known"
-                    ),
-                    "override a filter that comes after principal and route and reads the body or the "
-                    "answer (prompt_injection, pii, audit)",
+                    (*where, part, dim),
+                    f"{o.filter!r} cannot be overridden by {dim}: {why}",
+                    "scope it by what is known when the filter runs: who calls (key, user, group, tenant) "
+                    "after principal, and the path; the model and the protocol too for a filter after "
+                    "route that reads the body or the answer",
                 )
             )
+        if unknown:
             continue
         wanted.setdefault(o.filter, []).append((i, {**dict(entries[names.index(o.filter)][1]), **o.params}))
     variants: dict[int, Filter] = {}

@@ -93,3 +93,52 @@ overrides:
             assert json.loads(up.requests[-1].body)["messages"][0]["content"] == EMAIL
     finally:
         up.stop()
+
+
+def test_a_tenant_with_a_lower_risk_threshold_is_held_sooner(tmp_path: Path) -> None:
+    # Every call is a risk event (a flag rule for all); the chain holds a user after 5 in an hour,
+    # globex's override after 2, with its own message. Risk reads request headers: scoped by who.
+    (tmp_path / "policy.yaml").write_text(
+        """\
+version: 1
+chain:
+  - filter: principal
+  - filter: risk
+    threshold: 5
+  - filter: protocol
+  - filter: route
+  - filter: access
+default_action: allow
+rules:
+  - {name: every-call-counts, action: flag}
+overrides:
+  - name: globex-low-tolerance
+    when: {tenant: [globex]}
+    filter: risk
+    params: {threshold: 2, message: globex holds you for review}
+"""
+    )
+    up = ScriptedUpstream("openai").start()
+    up.handler = lambda _r: chat_answer("ok")
+    try:
+        env_vars = {"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}
+        with running(tmp_path / "gw", chat_registry(up.port), env=env_vars) as env:
+
+            def ask(key: str) -> httpx.Response:
+                return httpx.post(
+                    f"{env.url}/v1/chat/completions",
+                    headers={"authorization": f"Bearer {key}"},
+                    json={"model": "chat", "messages": [{"role": "user", "content": "hello"}]},
+                    timeout=10,
+                )
+
+            globex = [ask(OTHER_TENANT_KEY) for _ in range(3)]
+            assert [r.status_code for r in globex] == [200, 200, 403]
+            err = globex[2].json()["error"]
+            assert err["code"] == "user_under_review" and err["message"].startswith("globex holds you")
+            assert [ask(KEY).status_code for _ in range(4)] == [200] * 4  # acme: the chain's 5
+            assert len(up.requests) == 6
+            held = env.cli("risk", "show", "--tenant", "globex", "--user", "bob")
+            assert held.returncode == 0 and '"reason": "threshold"' in held.stdout, held.stdout + held.stderr
+    finally:
+        up.stop()

@@ -57,9 +57,7 @@ def _who(tenant: str, user: str) -> policy.Subject:
         (
             "  - filter: route\n  - filter: access\n  - filter: pii\n    request: false\n",
             "  - filter: pii\n    request: false\n  - filter: route\n  - filter: access\n",
-            "p.yaml:14:13: 'pii' cannot be overridden per scope: route must come before it in the chain: "
-            "override a filter that comes after principal and route and reads the body or the answer "
-            "(prompt_injection, pii, audit)",
+            None,  # by tenant: allowed (the caller is known); by model: refused (below)
         ),
         (
             "  - filter: access\n",
@@ -105,14 +103,22 @@ def _who(tenant: str, user: str) -> policy.Subject:
 def test_broken_overrides_are_reported_exactly(old: str, new: str, message: str | None) -> None:
     text = BASE.replace(old, new, 1)
     assert text != BASE
-    if message is None:  # the risk filter reads request headers: its parameters cannot vary by scope
-        text = text.replace("    filter: pii\n    params", "    filter: risk\n    params").replace(
-            "{request: true}", "{threshold: 2}"
-        )
+    if message is None:
+        policy.compile_policy(text, "p.yaml", ENV)  # scoped by tenant: known to any filter after principal
+        if "filter: risk" in text:  # risk reads the request headers: the model is not known yet
+            text = text.replace("    filter: pii\n    params", "    filter: risk\n    params").replace(
+                "{request: true}", "{threshold: 2}"
+            )
+            why = "it reads the request headers, before the request's model is known"
+        else:
+            why = "route must come before it in the chain"
+        text = text.replace("when: {tenant: [acme]}", 'when: {tenant: [acme]}\n    unless: {model: ["m@*"]}')
+        filt = "risk" if "filter: risk\n    params" in text else "pii"
+        line = next(n for n, ln in enumerate(text.splitlines(), 1) if "unless" in ln)
         message = (
-            "p.yaml:15:13: 'risk' cannot be overridden per scope: it reads the request headers, before "
-            "the model is known: override a filter that comes after principal and route and reads the "
-            "body or the answer (prompt_injection, pii, audit)"
+            f"p.yaml:{line}:21: {filt!r} cannot be overridden by model: {why}: scope it by what is known when "
+            "the filter runs: who calls (key, user, group, tenant) after principal, and the path; the model "
+            "and the protocol too for a filter after route that reads the body or the answer"
         )
     with pytest.raises(ConfigError) as e:
         policy.compile_policy(text, "p.yaml", ENV)
@@ -199,3 +205,26 @@ def test_policy_tests_can_expect_the_overrides_that_serve(
     out = capsys.readouterr().out
     assert "PASS t.yaml: acme" in out
     assert "globex wrongly expected: expected allow, got allow by default, overrides []" in out
+
+
+def test_a_tenant_can_have_its_own_injection_model(tmp_path: Path) -> None:
+    from tests.injection_model import build
+
+    shipped = Path(__file__).resolve().parents[2] / "classifiers" / "injection" / "model" / "manifest.json"
+    own = build(tmp_path / "own")
+    text = (
+        "version: 1\nchain: [{filter: principal}, {filter: protocol}, {filter: route},"
+        f" {{filter: prompt_injection, model: {shipped}}}]\n"
+        f"overrides:\n  - {{name: globex-model, when: {{tenant: [globex]}}, filter: prompt_injection,"
+        f" params: {{model: {own}}}}}\n"
+    )
+    p = policy.compile_policy(text, "p.yaml", ENV)
+    (o,) = p.overrides
+    scoped = next(f for f in p.chain.filters if f.name == "prompt_injection")
+    assert isinstance(scoped, policy.ScopedFilter)
+    base_model, own_model = scoped.base.model, o.variant.model  # type: ignore[attr-defined]
+    assert base_model.revision != own_model.revision
+    # The variant reads with its own manifest's threshold (the entry set none).
+    assert o.variant.threshold == own_model.manifest.threshold == 0.5  # type: ignore[attr-defined]
+    assert own_model.assess("jailbreak").score > 0.9
+    assert own_model.assess("please summarise the report").score < 0.1
