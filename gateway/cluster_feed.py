@@ -39,9 +39,12 @@ async def _main(cds: Path) -> None:
 
     def publish(snap: Endpoints) -> None:
         ups = snap.registry.spec.upstreams
-        version = envoy_config.write_clusters(
-            cds, envoy_config.upstream_clusters(settings, snap.registry, {n: list(snap.of(n)) for n in ups})
+        secrets = envoy_config.Secrets(cds.parent / envoy_config.SDS_DIR)
+        clusters = envoy_config.upstream_clusters(
+            settings, snap.registry, {n: list(snap.of(n)) for n in ups}, secrets
         )
+        secrets.write()  # before the clusters that name them
+        version = envoy_config.write_clusters(cds, clusters)
         counts = {n: len(snap.of(n)) for n in sorted(ups)}
         log().info("clusters_published", registry=snap.registry.revision, version=version, endpoints=counts)
 

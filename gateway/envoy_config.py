@@ -4,6 +4,12 @@ With the file registry, every upstream's cluster is in the bootstrap. With the C
 upstreams come and go while Envoy runs: their clusters are in a CDS file next to the bootstrap
 (`path_config_source`), rewritten by one atomic rename whenever the registry or a service's
 passing instances change (`write_clusters`); Envoy picks each version up by itself.
+
+Certificates, keys and CAs reach Envoy as SDS secrets in files of their own (`sds/NAME.json`
+beside the bootstrap), each naming the PEM files and the directory that holds them: Envoy
+re-reads a secret when a file is renamed into that directory, so certificates rotate without a
+restart (a pair that does not match, or a file that does not parse, is refused and the last good
+one kept: Envoy counts it in `sds.NAME.key_rotation_failed`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import ipaddress
 import json
 import os
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +31,61 @@ from gateway.settings import Settings
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
 EXTPROC_CLUSTER = "ztgate_extproc"
 CDS_FILE = "clusters.json"
+SDS_DIR = "sds"
 _CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+_SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"  # noqa: S105 - a type URL
+
+
+@dataclass
+class Secrets:
+    """The SDS secrets a rendered config refers to, collected as they are referred to, then written."""
+
+    directory: Path
+    secrets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def _ref(self, name: str, secret: dict[str, Any]) -> dict[str, Any]:
+        self.secrets[name] = {"name": name, **secret}
+        source = {"path": str(self.directory / f"{name}.json")}
+        return {"name": name, "sds_config": {"resource_api_version": "V3", "path_config_source": source}}
+
+    def certificate(self, name: str, cert: str, key: str) -> dict[str, Any]:
+        """A certificate and its key, re-read when either is renamed into the certificate's directory."""
+        return self._ref(
+            name,
+            {
+                "tls_certificate": {
+                    "certificate_chain": {"filename": cert},
+                    "private_key": {"filename": key},
+                    "watched_directory": {"path": str(Path(cert).parent)},
+                }
+            },
+        )
+
+    def ca(self, name: str, ca: str) -> dict[str, Any]:
+        """CA certificates to verify peers with, re-read when the file is renamed into its directory."""
+        return self._ref(
+            name,
+            {
+                "validation_context": {
+                    "trusted_ca": {"filename": ca},
+                    "watched_directory": {"path": str(Path(ca).parent)},
+                }
+            },
+        )
+
+    def write(self) -> None:
+        """Each secret's file, renamed into place; a file whose content is unchanged is left alone."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name, secret in sorted(self.secrets.items()):
+            path = self.directory / f"{name}.json"
+            text = json.dumps(
+                {"version_info": "1", "resources": [{"@type": _SECRET_TYPE, **secret}]}, indent=1
+            )
+            if path.exists() and path.read_text(encoding="utf-8") == text:
+                continue
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
 
 
 def _duration(seconds: float) -> str:
@@ -36,22 +96,27 @@ def _endpoint(host: str, port: int) -> dict[str, Any]:
     return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
 
 
-def _upstream_tls(tls: UpstreamTLS, name: str, alpn: tuple[str, ...] = ()) -> dict[str, Any]:
+def _upstream_tls(
+    tls: UpstreamTLS, name: str, secrets: Secrets, secret: str, alpn: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """TLS to a model server (or the workers): chain verified against its CA, and `name` required
-    in its SANs (Envoy checks no name unless told: a certificate for any host the CA signed would do)."""
+    in its SANs (Envoy checks no name unless told: a certificate for any host the CA signed would do).
+    The CA and the client certificate are the SDS secrets `secret`-ca and `secret`-cert."""
     san_type = "IP_ADDRESS" if _is_ip(name) else "DNS"
     common: dict[str, Any] = {
         "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
-        "validation_context": {
-            "trusted_ca": {"filename": tls.ca_file},
-            "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": name}}],
+        "combined_validation_context": {
+            "default_validation_context": {
+                "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": name}}],
+            },
+            "validation_context_sds_secret_config": secrets.ca(f"{secret}-ca", tls.ca_file),
         },
     }
     if alpn:
         common["alpn_protocols"] = list(alpn)
     if tls.cert_file is not None and tls.key_file is not None:
-        common["tls_certificates"] = [
-            {"certificate_chain": {"filename": tls.cert_file}, "private_key": {"filename": tls.key_file}}
+        common["tls_certificate_sds_secret_configs"] = [
+            secrets.certificate(f"{secret}-cert", tls.cert_file, tls.key_file)
         ]
     ctx: dict[str, Any] = {
         "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
@@ -62,7 +127,7 @@ def _upstream_tls(tls: UpstreamTLS, name: str, alpn: tuple[str, ...] = ()) -> di
     return {"name": "envoy.transport_sockets.tls", "typed_config": ctx}
 
 
-def _extproc_tls(settings: Settings) -> dict[str, Any] | None:
+def _extproc_tls(settings: Settings, secrets: Secrets) -> dict[str, Any] | None:
     """Mutual TLS to the workers: Envoy shows the shared certificate and requires it of them,
     under the name it dials them by (gRPC: HTTP/2 by ALPN)."""
     s = settings
@@ -73,7 +138,7 @@ def _extproc_tls(settings: Settings) -> dict[str, Any] | None:
         cert_file=str(s.extproc_tls_cert_file),
         key_file=str(s.extproc_tls_key_file),
     )
-    return _upstream_tls(tls, s.extproc_tls_name or s.worker_host, alpn=("h2",))
+    return _upstream_tls(tls, s.extproc_tls_name or s.worker_host, secrets, "extproc", alpn=("h2",))
 
 
 def _is_ip(name: str) -> bool:
@@ -257,17 +322,14 @@ def _local_reply_mappers() -> list[dict[str, Any]]:
     return mappers
 
 
-def _downstream_tls(settings: Settings) -> dict[str, Any]:
+def _downstream_tls(settings: Settings, secrets: Secrets) -> dict[str, Any]:
     """The listener's TLS: TLS 1.2 or later, HTTP/2 or HTTP/1.1 by ALPN, and, with a client CA,
     a certificate required of every client (no certificate or another CA: the handshake fails)."""
     common: dict[str, Any] = {
         "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
         "alpn_protocols": ["h2", "http/1.1"],
-        "tls_certificates": [
-            {
-                "certificate_chain": {"filename": str(settings.tls_cert_file)},
-                "private_key": {"filename": str(settings.tls_key_file)},
-            }
+        "tls_certificate_sds_secret_configs": [
+            secrets.certificate("listener-cert", str(settings.tls_cert_file), str(settings.tls_key_file))
         ],
     }
     tls: dict[str, Any] = {
@@ -275,15 +337,24 @@ def _downstream_tls(settings: Settings) -> dict[str, Any]:
         "common_tls_context": common,
     }
     if settings.tls_client_ca_file is not None:
-        common["validation_context"] = {"trusted_ca": {"filename": str(settings.tls_client_ca_file)}}
+        common["validation_context_sds_secret_config"] = secrets.ca(
+            "listener-client-ca", str(settings.tls_client_ca_file)
+        )
         tls["require_client_certificate"] = True
     return {"name": "envoy.transport_sockets.tls", "typed_config": tls}
 
 
 def render(
-    settings: Settings, registry: Registry, template: Path = TEMPLATE, cds: Path | None = None
+    settings: Settings,
+    registry: Registry,
+    template: Path = TEMPLATE,
+    cds: Path | None = None,
+    secrets: Secrets | None = None,
 ) -> dict[str, Any]:
-    """The complete Envoy bootstrap as a dict (upstream clusters from `cds` when it is given)."""
+    """The complete Envoy bootstrap as a dict (upstream clusters from `cds` when it is given).
+
+    The SDS secrets it refers to are collected in `secrets` (default: files under `sds/`)."""
+    secrets = secrets if secrets is not None else Secrets(Path(SDS_DIR))
     values = {
         "ADMIN_ADDRESS": settings.admin_address,
         "ENVOY_ADMIN_PORT": settings.envoy_admin_port,
@@ -303,12 +374,12 @@ def render(
             [(settings.worker_host, p) for p in settings.worker_ports],
             http2=True,
             buffer_limit=settings.buffer_limit_bytes * 2,
-            tls=_extproc_tls(settings),
+            tls=_extproc_tls(settings, secrets),
         )
     ]
     if cds is None:
         fixed = {n: [(u.host or "", u.port or 0)] for n, u in registry.spec.upstreams.items()}
-        clusters += upstream_clusters(settings, registry, fixed)
+        clusters += upstream_clusters(settings, registry, fixed, secrets)
     else:
         doc["dynamic_resources"] = {
             "cds_config": {
@@ -319,20 +390,23 @@ def render(
     doc["static_resources"]["clusters"] = clusters
     chain = doc["static_resources"]["listeners"][0]["filter_chains"][0]
     if settings.tls_cert_file is not None:
-        chain["transport_socket"] = _downstream_tls(settings)
+        chain["transport_socket"] = _downstream_tls(settings, secrets)
     hcm = chain["filters"][0]["typed_config"]
     hcm["local_reply_config"]["mappers"] = _local_reply_mappers()
     return doc
 
 
 def upstream_clusters(
-    settings: Settings, registry: Registry, endpoints: dict[str, list[tuple[str, int]]]
+    settings: Settings, registry: Registry, endpoints: dict[str, list[tuple[str, int]]], secrets: Secrets
 ) -> list[dict[str, Any]]:
-    """One cluster per upstream, with its endpoints (none: Envoy answers 503, nothing is reached)."""
+    """One cluster per upstream, with its endpoints (none: Envoy answers 503, nothing is reached);
+    the TLS secrets they refer to are collected in `secrets`."""
     out = []
     for name, eps in sorted(endpoints.items()):
         spec = registry.spec.upstreams[name]
-        tls = _upstream_tls(spec.tls, spec.tls_name) if spec.tls is not None and spec.tls_name else None
+        tls = None
+        if spec.tls is not None and spec.tls_name:
+            tls = _upstream_tls(spec.tls, spec.tls_name, secrets, f"upstream-{name}")
         out.append(
             _cluster(cluster_name(name), eps, http2=False, buffer_limit=settings.buffer_limit_bytes, tls=tls)
         )
@@ -343,7 +417,10 @@ def write(settings: Settings, registry: Registry, out: Path) -> Path:
     """Render to a file (JSON is valid YAML for Envoy); with the Consul registry, the CDS file beside it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     cds = out.parent / CDS_FILE if settings.registry_source == "consul" else None
-    out.write_text(json.dumps(render(settings, registry, cds=cds), indent=1), encoding="utf-8")
+    secrets = Secrets(out.parent / SDS_DIR)
+    doc = render(settings, registry, cds=cds, secrets=secrets)
+    secrets.write()  # before the bootstrap: Envoy reads every secret it names at start
+    out.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     if cds is not None and not cds.exists():
         write_clusters(cds, [])  # Envoy refuses to start on a CDS path that is not there
     return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ssl
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -371,10 +373,54 @@ class ExtProcServer:
         )
 
 
+def _stamp(files: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...]:
+    """What tells a file changed: inode (a rename or a symlink swap), modification time, size."""
+    out = []
+    for f in files:
+        st = f.stat()
+        out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+def _certificates(cert: Path, key: Path, ca: Path) -> grpc.ServerCertificateConfiguration:
+    """The three files as gRPC's certificate configuration, refused unless they parse and the key
+    belongs to the certificate (checked on the very bytes that are served)."""
+    cert_pem, key_pem, ca_pem = cert.read_bytes(), key.read_bytes(), ca.read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        c, k = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
+        c.write_bytes(cert_pem)
+        k.write_bytes(key_pem)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(c, k)
+        ctx.load_verify_locations(cadata=ca_pem.decode("ascii"))
+    return grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)], root_certificates=ca_pem)
+
+
 def mutual_tls(cert: Path, key: Path, ca: Path) -> grpc.ServerCredentials:
-    """Server credentials that also require the peer's certificate, from the same CA (Envoy's)."""
-    return grpc.ssl_server_credentials(
-        [(key.read_bytes(), cert.read_bytes())], root_certificates=ca.read_bytes(), require_client_auth=True
+    """Server credentials that also require the peer's certificate, from the same CA (Envoy's).
+
+    The files are read again when they change, as Envoy re-reads its own copy (rotation without a
+    restart): gRPC asks at each new connection, and a change is taken only if the certificate, key
+    and CA parse and match; otherwise the last good ones stay and the refusal is logged once.
+    """
+    files = (cert, key, ca)
+    seen = [_stamp(files)]
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        try:
+            stamp = _stamp(files)
+            if stamp == seen[0]:
+                return None
+            seen[0] = stamp
+            config = _certificates(cert, key, ca)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            log().warning("extproc_tls_not_reloaded", error=type(exc).__name__, detail=str(exc)[:200])
+            return None
+        log().info("extproc_tls_reloaded", cert=str(cert))
+        return config
+
+    return grpc.dynamic_ssl_server_credentials(
+        _certificates(cert, key, ca), fetch, require_client_authentication=True
     )
 
 

@@ -1,9 +1,12 @@
-"""TLS on the client listener: real Envoy with certificates from a throwaway CA (trustme)."""
+"""TLS with real Envoy and certificates from throwaway CAs (trustme): the client listener, model
+servers, the workers' link, and certificates rotated while the gateway runs."""
 
 from __future__ import annotations
 
 import socket
 import ssl
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -216,3 +219,162 @@ def test_envoy_and_the_workers_speak_mutual_tls(tmp_path: Path, openai_up: Scrip
         )
     assert r.status_code >= 500 and r.json()["request_id"] == r.headers["x-request-id"], r.text
     assert len(openai_up.requests) == 1
+
+
+def _install(directory: Path, name: str, data: bytes) -> None:
+    """Put a file in place as a rotation does: written beside it, then renamed over it."""
+    tmp = directory / f".{name}.new"
+    tmp.write_bytes(data)
+    tmp.replace(directory / name)
+
+
+def _tls_files(tmp: Path, files: dict[str, bytes], variables: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """A directory holding `files` (put in place as a rotation would), and the variables naming them."""
+    tls = tmp / "tls"
+    tls.mkdir()
+    for name, data in files.items():
+        _install(tls, name, data)
+    return tls, {var: str(tls / name) for var, name in variables.items()}
+
+
+def _pems(cert: trustme.LeafCert) -> tuple[bytes, bytes]:
+    return b"".join(p.bytes() for p in cert.cert_chain_pems), cert.private_key_pem.bytes()
+
+
+def _served(port: int, ca: trustme.CA, client: trustme.LeafCert | None = None) -> bytes:
+    """The certificate (DER) a new TLS connection to `port` is shown."""
+    ctx = _client(ca, client)
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def _der(cert: trustme.LeafCert) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(cert.cert_chain_pems[0].bytes().decode())
+
+
+def _until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.1)
+
+
+def test_the_listener_s_certificate_and_client_ca_rotate_without_a_restart(
+    tmp_path: Path, openai_up: ScriptedUpstream
+) -> None:
+    ca, clients_1, clients_2 = trustme.CA(), trustme.CA(), trustme.CA()
+    first, second = ca.issue_cert("127.0.0.1"), ca.issue_cert("127.0.0.1")
+    tls, env_vars = _tls_files(
+        tmp_path,
+        {
+            **dict(zip(("server.crt", "server.key"), _pems(first), strict=True)),
+            "clients.crt": clients_1.cert_pem.bytes(),
+        },
+        {
+            "ZTGATE_TLS_CERT_FILE": "server.crt",
+            "ZTGATE_TLS_KEY_FILE": "server.key",
+            "ZTGATE_TLS_CLIENT_CA_FILE": "clients.crt",
+        },
+    )
+    old_app, new_app = clients_1.issue_cert("app@acme"), clients_2.issue_cert("app@acme")
+
+    def chat(who: trustme.LeafCert) -> int:
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json=CHAT,
+            headers={"authorization": f"Bearer {KEY}"},
+            verify=_client(ca, who),
+            timeout=10,
+        )
+        return r.status_code
+
+    openai_up.requests.clear()
+    with running(tmp_path / "gw", _registry(openai_up), workers=1, env=env_vars) as env:
+        url, port = env.url, env.settings.listen_port
+        assert _served(port, ca, old_app) == _der(first) and chat(old_app) == 200
+        # A new certificate and a new client CA, renamed into place (key first) while Envoy runs.
+        cert_pem, key_pem = _pems(second)
+        _install(tls, "server.key", key_pem)
+        _install(tls, "server.crt", cert_pem)
+        _install(tls, "clients.crt", clients_2.cert_pem.bytes())
+        _until(lambda: _served(port, ca, new_app) == _der(second))
+        assert chat(new_app) == 200
+        with pytest.raises(httpx.TransportError):  # the old client CA is no longer trusted
+            chat(old_app)
+        # A broken file is refused and the last good certificate kept; Envoy counts the refusal
+        # (the key renamed before its certificate above was one already: a pair that did not match).
+        admin = (
+            f"http://127.0.0.1:{env.settings.envoy_admin_port}/stats?filter=listener-cert.key_rotation_failed"
+        )
+
+        def refusals() -> int:
+            return int(httpx.get(admin).text.split(":")[1])
+
+        before = refusals()
+        _install(tls, "server.crt", b"-----BEGIN CERTIFICATE-----\nnot a certificate\n")
+        _until(lambda: refusals() == before + 1)
+        assert _served(port, ca, new_app) == _der(second) and chat(new_app) == 200
+    assert len(openai_up.requests) == 3
+
+
+def test_the_workers_certificate_rotates_without_a_restart(
+    tmp_path: Path, openai_up: ScriptedUpstream
+) -> None:
+    ca = trustme.CA()
+    first, second, stray = (ca.issue_cert("127.0.0.1") for _ in range(3))
+    tls, env_vars = _tls_files(
+        tmp_path,
+        {**dict(zip(("x.crt", "x.key"), _pems(first), strict=True)), "ca.crt": ca.cert_pem.bytes()},
+        {
+            f"ZTGATE_EXTPROC_TLS_{k}_FILE": n
+            for k, n in (("CERT", "x.crt"), ("KEY", "x.key"), ("CA", "ca.crt"))
+        },
+    )
+    auth = {"authorization": f"Bearer {KEY}"}
+    openai_up.requests.clear()
+    with running(tmp_path / "gw", _registry(openai_up), workers=1, env=env_vars) as env:
+        port = env.settings.worker_ports[0]
+        assert httpx.post(env.url + "/v1/chat/completions", json=CHAT, headers=auth).status_code == 200
+        assert _served(port, ca, first) == _der(first)
+        cert_pem, key_pem = _pems(second)
+        _install(tls, "x.key", key_pem)
+        _install(tls, "x.crt", cert_pem)
+        # The worker reads the files again at its next new connection; Envoy re-reads its copy.
+        _until(lambda: _served(port, ca, second) == _der(second))
+        assert httpx.post(env.url + "/v1/chat/completions", json=CHAT, headers=auth).status_code == 200
+        # A key that is not the certificate's is refused: the worker keeps showing the last good pair.
+        _install(tls, "x.key", stray.private_key_pem.bytes())
+        assert _served(port, ca, second) == _der(second)
+        logs = env.logs(0)
+        assert "extproc_tls_reloaded" in logs and "extproc_tls_not_reloaded" in logs
+    assert len(openai_up.requests) == 2
+
+
+def test_a_model_server_s_ca_rotates_without_a_restart(tmp_path: Path) -> None:
+    # The model server moved to a certificate from a new CA before the gateway trusts it: refused,
+    # until the new CA is renamed into the registry's ca_file.
+    old_ca, new_ca = trustme.CA(), trustme.CA()
+    tls, _ = _tls_files(tmp_path, {"ca.crt": old_ca.cert_pem.bytes()}, {})
+    up = _tls_upstream(new_ca, "localhost")
+    reg = _tls_registry({"m": (up, {"ca_file": str(tls / "ca.crt"), "server_name": "localhost"})})
+    try:
+        with running(tmp_path / "gw", reg, workers=1) as env:
+
+            def chat() -> int:
+                r = httpx.post(
+                    env.url + "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {KEY}"}
+                )
+                return r.status_code
+
+            assert chat() == 503 and up.requests == []
+            _install(tls, "ca.crt", new_ca.cert_pem.bytes())
+            _until(lambda: chat() == 200)
+        assert len(up.requests) == 1
+    finally:
+        up.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -245,35 +246,61 @@ def test_settings_refuse_unsafe_combinations(env: dict[str, str], message: str) 
         Settings.from_env(env)
 
 
-def test_tls_is_rendered_only_when_asked() -> None:
+def test_tls_is_rendered_only_when_asked(tmp_path: Path) -> None:
     reg = Registry.from_yaml(REG)
     plain = envoy_config.render(Settings(), reg)["static_resources"]["listeners"][0]["filter_chains"][0]
     assert "transport_socket" not in plain
     cert = Path(__file__)
     s = Settings(tls_cert_file=cert, tls_key_file=cert, tls_client_ca_file=cert)
-    chain = envoy_config.render(s, reg)["static_resources"]["listeners"][0]["filter_chains"][0]
+    secrets = envoy_config.Secrets(tmp_path / "sds")
+    chain = envoy_config.render(s, reg, secrets=secrets)["static_resources"]["listeners"][0]["filter_chains"][
+        0
+    ]
     tls = chain["transport_socket"]["typed_config"]
     assert tls["require_client_certificate"] is True
     common = tls["common_tls_context"]
     assert common["tls_params"]["tls_minimum_protocol_version"] == "TLSv1_2"
-    assert common["validation_context"]["trusted_ca"]["filename"] == str(cert)
+    # Certificates and CAs are SDS secrets in files of their own, watched for renames.
+    ca_ref = common["validation_context_sds_secret_config"]
+    assert ca_ref["sds_config"]["path_config_source"]["path"] == str(
+        tmp_path / "sds" / "listener-client-ca.json"
+    )
+    assert secrets.secrets["listener-client-ca"]["validation_context"] == {
+        "trusted_ca": {"filename": str(cert)},
+        "watched_directory": {"path": str(cert.parent)},
+    }
+    assert [r["name"] for r in common["tls_certificate_sds_secret_configs"]] == ["listener-cert"]
+    secrets.write()
+    written = json.loads((tmp_path / "sds" / "listener-cert.json").read_text())
+    [res] = written["resources"]
+    assert res["@type"].endswith("tls.v3.Secret") and res["name"] == "listener-cert"
+    assert res["tls_certificate"]["private_key"] == {"filename": str(cert)}
+    before = (tmp_path / "sds" / "listener-cert.json").stat().st_mtime_ns
+    secrets.write()  # unchanged: not rewritten (Envoy would re-read it)
+    assert (tmp_path / "sds" / "listener-cert.json").stat().st_mtime_ns == before
     assert s.scheme == "https" and Settings().scheme == "http"
     # The workers' link: the ext_proc cluster speaks TLS (h2) and checks the name it dials.
     assert "transport_socket" not in envoy_config.render(Settings(), reg)["static_resources"]["clusters"][0]
     m = Settings(
         extproc_tls_cert_file=cert, extproc_tls_key_file=cert, extproc_tls_ca_file=cert, worker_host="gateway"
     )
+    ext_secrets = envoy_config.Secrets(tmp_path / "sds")
     [ext] = [
         c
-        for c in envoy_config.render(m, reg)["static_resources"]["clusters"]
+        for c in envoy_config.render(m, reg, secrets=ext_secrets)["static_resources"]["clusters"]
         if c["name"] == "ztgate_extproc"
     ]
     up = ext["transport_socket"]["typed_config"]
     assert up["sni"] == "gateway" and up["common_tls_context"]["alpn_protocols"] == ["h2"]
-    assert up["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"] == [
+    validation = up["common_tls_context"]["combined_validation_context"]
+    assert validation["default_validation_context"]["match_typed_subject_alt_names"] == [
         {"san_type": "DNS", "matcher": {"exact": "gateway"}}
     ]
-    assert up["common_tls_context"]["tls_certificates"][0]["certificate_chain"]["filename"] == str(cert)
+    assert validation["validation_context_sds_secret_config"]["name"] == "extproc-ca"
+    assert sorted(ext_secrets.secrets) == ["extproc-ca", "extproc-cert"]
+    assert ext_secrets.secrets["extproc-cert"]["tls_certificate"]["certificate_chain"] == {
+        "filename": str(cert)
+    }
 
 
 def test_envoy_config_is_fail_closed_and_lists_every_worker() -> None:
