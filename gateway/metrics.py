@@ -195,6 +195,29 @@ def render(snapshots: Iterable[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_tls(state: dict[str, Any] | None) -> str:
+    """Envoy's certificate state (Gateway.tls_state) in Prometheus text format ("" without TLS)."""
+    if not state or "rotations_refused" not in state:
+        return ""
+    lines = []
+    days = state.get("days_until_first_cert_expiring")
+    if isinstance(days, int | float):
+        lines += [
+            "# HELP ztgate_tls_days_until_first_cert_expiring Days until the first certificate Envoy holds expires.",
+            "# TYPE ztgate_tls_days_until_first_cert_expiring gauge",
+            f"ztgate_tls_days_until_first_cert_expiring {float(days)}",
+        ]
+    lines += [
+        "# HELP ztgate_tls_rotations_refused_total Certificate files Envoy refused to load (the last good one stays).",
+        "# TYPE ztgate_tls_rotations_refused_total counter",
+    ]
+    lines += [
+        f'ztgate_tls_rotations_refused_total{{secret="{name}"}} {float(n)}'
+        for name, n in sorted(state["rotations_refused"].items())
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def read_dir(directory: Path) -> list[dict[str, Any]]:
     """Every worker snapshot in the directory (a half-written file is skipped, never fatal)."""
     snaps = []

@@ -10,13 +10,17 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import shutil
 import signal
 import sys
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import redis
 from aiohttp import web
@@ -182,6 +186,32 @@ class Gateway:
             parts["redis"] = redis_ok(s.redis_url)
         return parts
 
+    def tls_state(self) -> dict[str, Any] | None:
+        """Envoy's certificates as it holds them: days until the first expires, and the rotations
+        it refused per SDS secret (a file that did not parse, a pair that did not match: the last
+        good one stays). None without Envoy or without TLS."""
+        if self.envoy is None:
+            return None
+        s = self.settings
+        wanted = r"^(server\.days_until_first_cert_expiring|sds\..+\.key_rotation_failed)$"
+        url = f"http://{s.admin_address}:{s.envoy_admin_port}/stats?format=json&filter={quote(wanted)}"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as r:
+                stats = {x["name"]: x.get("value") for x in json.load(r)["stats"] if "name" in x}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return {"error": f"Envoy's admin did not answer: {type(exc).__name__}"}
+        refused = {
+            name.removeprefix("sds.").removesuffix(".key_rotation_failed"): int(v)
+            for name, v in stats.items()
+            if name.startswith("sds.")
+        }
+        if not refused:
+            return None
+        return {
+            "days_until_first_cert_expiring": stats.get("server.days_until_first_cert_expiring"),
+            "rotations_refused": refused,
+        }
+
     def dead(self) -> Proc | None:
         """A child that exited, if any."""
         return next((p for p in self.procs if not p.alive), None)
@@ -223,10 +253,14 @@ def admin_app(gw: Gateway) -> web.Application:
                 files[name] = dataclasses.asdict(f.status())
         if gw.policy is not None:
             files["policy"]["policy_revision"] = gw.policy.current.revision  # type: ignore[index]
+        tls = await asyncio.to_thread(gw.tls_state)
+        if tls is not None:
+            files["tls"] = tls
         return web.json_response({"ready": ok, "checks": parts, "files": files}, status=200 if ok else 503)
 
     async def metrics_page(_: web.Request) -> web.Response:
         text = metrics.render(await asyncio.to_thread(metrics.read_dir, gw.run_dir / "metrics"))
+        text += metrics.render_tls(await asyncio.to_thread(gw.tls_state))
         return web.Response(
             text=text,
             content_type="text/plain",

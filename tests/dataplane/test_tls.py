@@ -14,6 +14,7 @@ import httpx
 import pytest
 import trustme
 
+from gateway.metrics import render_tls
 from tests.harness import KEY, ScriptedUpstream, registry_for, running
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
@@ -307,18 +308,23 @@ def test_the_listener_s_certificate_and_client_ca_rotate_without_a_restart(
         assert chat(new_app) == 200
         with pytest.raises(httpx.TransportError):  # the old client CA is no longer trusted
             chat(old_app)
-        # A broken file is refused and the last good certificate kept; Envoy counts the refusal
-        # (the key renamed before its certificate above was one already: a pair that did not match).
-        admin = (
-            f"http://127.0.0.1:{env.settings.envoy_admin_port}/stats?filter=listener-cert.key_rotation_failed"
-        )
 
+        # A broken file is refused and the last good certificate kept; Envoy counts the refusal
+        # (the key renamed before its certificate above was one already: a pair that did not match),
+        # and /readyz and /metrics show it.
         def refusals() -> int:
-            return int(httpx.get(admin).text.split(":")[1])
+            state = env.gw.tls_state()
+            assert (
+                state is not None and state["days_until_first_cert_expiring"] > 300_000
+            )  # trustme: year 3000
+            return int(state["rotations_refused"]["listener-cert"])
 
         before = refusals()
         _install(tls, "server.crt", b"-----BEGIN CERTIFICATE-----\nnot a certificate\n")
         _until(lambda: refusals() == before + 1)
+        text = render_tls(env.gw.tls_state())
+        assert f'ztgate_tls_rotations_refused_total{{secret="listener-cert"}} {before + 1.0}' in text
+        assert 'ztgate_tls_rotations_refused_total{secret="listener-client-ca"} 0.0' in text
         assert _served(port, ca, new_app) == _der(second) and chat(new_app) == 200
     assert len(openai_up.requests) == 3
 

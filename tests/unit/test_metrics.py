@@ -39,3 +39,17 @@ def test_label_values_are_escaped() -> None:
     m = Metrics()
     m.outcome('we"ird\\')
     assert 'ztgate_requests_total{outcome="we\\"ird\\\\"} 1.0' in render([m.snapshot()])
+
+
+def test_envoy_s_certificate_state_is_rendered_for_prometheus() -> None:
+    from gateway.metrics import render_tls
+
+    assert render_tls(None) == "" and render_tls({"error": "Envoy's admin did not answer: URLError"}) == ""
+    text = render_tls(
+        {"days_until_first_cert_expiring": 29, "rotations_refused": {"listener-cert": 2, "extproc-ca": 0}}
+    )
+    assert text.splitlines()[2] == "ztgate_tls_days_until_first_cert_expiring 29.0"
+    assert text.splitlines()[-2:] == [
+        'ztgate_tls_rotations_refused_total{secret="extproc-ca"} 0.0',
+        'ztgate_tls_rotations_refused_total{secret="listener-cert"} 2.0',
+    ]
