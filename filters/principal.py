@@ -1,8 +1,8 @@
 """Who is calling: an API key (`Authorization: Bearer …`) resolved against hashed keys.
 
-Zero trust: no key or an unknown key is a 401. Keys are stored only as SHA-256 digests (they are
-high-entropy random tokens, so a plain digest is enough and lookups are constant-time per key).
-The key never travels upstream.
+Zero trust: no key, an unknown key, a key past its `expires` time or a `disabled` one is a 401.
+Keys are stored only as SHA-256 digests (they are high-entropy random tokens, so a plain digest is
+enough and lookups are constant-time per key). The key never travels upstream.
 """
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from filters.base import BaseFilter, Continue, Decision, Deny, Phase, Principal, RequestContext
+from filters.base import BaseFilter, Continue, Decision, Deny, Phase, Principal, RequestContext, Verdict
 from filters.chain import BuildEnv, register
 from gateway.config_yaml import ConfigError, Problem, at, validate
 from gateway.errors import ErrorCode
@@ -33,6 +35,33 @@ class _KeyEntry(BaseModel):
     user: str = Field(description="User the key belongs to.")
     tenant: str = Field(description="Tenant the user belongs to.")
     groups: list[str] = Field(default_factory=list, description="User groups, for policy scoping.")
+    expires: datetime | None = Field(
+        default=None,
+        description="When the key stops working: a time with its zone, e.g. 2027-03-31T00:00:00Z.",
+    )
+    disabled: bool = Field(default=False, description="Refuse the key (kept in the file, e.g. under review).")
+
+    @field_validator("expires", mode="before")
+    @classmethod
+    def _aware(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if isinstance(v, str) and "T" not in v.upper() and " " not in v.strip():
+            raise ValueError(
+                "write a time with its zone, e.g. 2027-03-31T00:00:00Z (a date alone is ambiguous)"
+            )
+        if isinstance(v, str):
+            try:
+                v = datetime.fromisoformat(v)
+            except ValueError:
+                raise ValueError("not an ISO 8601 time, e.g. 2027-03-31T00:00:00Z") from None
+        if not isinstance(v, datetime):
+            raise ValueError(  # noqa: TRY004 - pydantic reports ValueError, not TypeError, as the file's problem
+                "write a time with its zone, e.g. 2027-03-31T00:00:00Z (a date alone is ambiguous)"
+            )
+        if v.tzinfo is None or v.utcoffset() is None:
+            raise ValueError("write the time zone too, e.g. 2027-03-31T00:00:00Z or +08:00")
+        return v
 
 
 class _KeyFile(BaseModel):
@@ -56,9 +85,12 @@ def new_key() -> str:
 
 @dataclass(frozen=True, slots=True)
 class KeyStore:
-    """Digest → principal, loaded once at start-up."""
+    """Digest → principal, loaded once at start-up; with each key's expiry (epoch seconds) and the
+    disabled ones."""
 
     by_digest: dict[str, Principal]
+    expires: dict[str, float] = field(default_factory=dict)
+    disabled: frozenset[str] = frozenset()
 
     @classmethod
     def load(cls, path: Path) -> KeyStore:
@@ -98,11 +130,29 @@ class KeyStore:
             out[e.sha256] = Principal(e.id, e.user, e.tenant, tuple(e.groups))
         if problems:
             raise KeyFileError(problems)
-        return cls(out)
+        expires = {e.sha256: e.expires.timestamp() for e in spec.keys if e.expires is not None}
+        return cls(out, expires, frozenset(e.sha256 for e in spec.keys if e.disabled))
 
     def lookup(self, key: str) -> Principal | None:
-        """The principal for a presented key, or None."""
+        """The principal for a presented key, or None (whether it expired or is disabled: `refusal`)."""
         return self.by_digest.get(digest(key))
+
+    def refusal(self, key: str, now: float) -> str | None:
+        """Why a known key is refused at `now` (epoch seconds): "expired", "disabled", or None."""
+        d = digest(key)
+        if d in self.disabled:
+            return "disabled"
+        until = self.expires.get(d)
+        return "expired" if until is not None and now >= until else None
+
+    def expiring(self, now: float, within_s: float) -> dict[str, list[str]]:
+        """Key ids by state: expired, expiring within `within_s`, disabled (for /readyz)."""
+        ids = {d: p.key_id for d, p in self.by_digest.items()}
+        return {
+            "expired": sorted(ids[d] for d, t in self.expires.items() if t <= now),
+            "expiring": sorted(ids[d] for d, t in self.expires.items() if now < t <= now + within_s),
+            "disabled": sorted(ids[d] for d in self.disabled),
+        }
 
 
 class ApiKeyPrincipal(BaseFilter):
@@ -126,6 +176,13 @@ class ApiKeyPrincipal(BaseFilter):
         principal = keys.lookup(token) if scheme.lower() == "bearer" and token else None
         if principal is None:
             return Deny(401, ErrorCode.INVALID_API_KEY, "the API key is not valid")
+        refused = keys.refusal(token, time.time())
+        if refused is not None:
+            # The key's id (never the key) tells operators whose key is still in use.
+            ctx.verdicts.append(Verdict(self.name, "check", "deny", 0.0, f"key={principal.key_id},{refused}"))
+            if refused == "expired":
+                return Deny(401, ErrorCode.EXPIRED_API_KEY, "the API key has expired")
+            return Deny(401, ErrorCode.DISABLED_API_KEY, "the API key is disabled")
         ctx.principal = principal
         # The gateway key is ours: the upstream never sees it.
         return Continue(remove_headers=("authorization",))

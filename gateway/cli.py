@@ -39,18 +39,26 @@ def _envoy_config(args: argparse.Namespace) -> int:
 
 
 def _keys_new(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime, timedelta
+
     import yaml
 
     from filters.principal import digest, new_key
 
     key = new_key()
-    entry = {
+    entry: dict[str, object] = {
         "id": args.id or args.user,
         "sha256": digest(key),
         "user": args.user,
         "tenant": args.tenant,
         "groups": [g for g in (args.groups or "").split(",") if g],
     }
+    if args.days is not None:
+        if args.days < 1:
+            print("--days: at least 1", file=sys.stderr)
+            return 2
+        until = datetime.now(UTC).replace(microsecond=0) + timedelta(days=args.days)
+        entry["expires"] = until.isoformat().replace("+00:00", "Z")
     print(f"API key (shown once, give it to {args.user}): {key}", file=sys.stderr)
     print(yaml.safe_dump([entry], sort_keys=False, allow_unicode=True), end="")
     return 0
@@ -441,6 +449,17 @@ def _ops_commands(sub: Any) -> None:
         s.set_defaults(fn=_risk)
 
 
+def _keys_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_cmd", required=True)
+    s = keys.add_parser("new", help="make a key: prints it once, and the entry for the key file")
+    s.add_argument("--user", required=True)
+    s.add_argument("--tenant", required=True)
+    s.add_argument("--id")
+    s.add_argument("--groups", help="comma-separated")
+    s.add_argument("--days", type=int, help="the key expires this many days from now (entry's `expires`)")
+    s.set_defaults(fn=_keys_new)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     p = argparse.ArgumentParser(prog="ztgate", description="Zero-trust gateway for self-hosted LLMs")
@@ -463,13 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("envoy-config", help="print the rendered Envoy bootstrap (for compose and debugging)")
     s.add_argument("--out", help="write to this file instead of stdout")
     s.set_defaults(fn=_envoy_config)
-    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_cmd", required=True)
-    s = keys.add_parser("new", help="make a key: prints it once, and the entry for the key file")
-    s.add_argument("--user", required=True)
-    s.add_argument("--tenant", required=True)
-    s.add_argument("--id")
-    s.add_argument("--groups", help="comma-separated")
-    s.set_defaults(fn=_keys_new)
+    _keys_parser(sub)
     reg = sub.add_parser("registry", help="model registry").add_subparsers(dest="reg_cmd", required=True)
     s = reg.add_parser("check", help="validate a registry file")
     s.add_argument("file")

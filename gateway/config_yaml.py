@@ -54,8 +54,13 @@ class ConfigError(ValueError):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+
+
 def _walk(node: yaml.Node, path: Path_, marks: Marks, source: str, scalars: yaml.SafeLoader) -> Any:
     marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if node.tag == _TIMESTAMP and isinstance(node, yaml.ScalarNode):
+        return node.value  # a time or a date reads as written; the field that wants one parses it
     if node.tag not in _PLAIN_TAGS:
         raise ConfigError(
             [

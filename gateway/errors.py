@@ -15,6 +15,8 @@ class ErrorCode(StrEnum):
 
     MISSING_API_KEY = "missing_api_key"
     INVALID_API_KEY = "invalid_api_key"
+    EXPIRED_API_KEY = "expired_api_key"
+    DISABLED_API_KEY = "disabled_api_key"
     INVALID_JSON = "invalid_json"
     INVALID_ENCODING = "invalid_encoding"
     INVALID_REQUEST = "invalid_request"

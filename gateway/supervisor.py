@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -251,6 +252,9 @@ def admin_app(gw: Gateway) -> web.Application:
             if f is not None:
                 await asyncio.to_thread(f.check)
                 files[name] = dataclasses.asdict(f.status())
+        if gw.keys is not None:
+            # Key ids (never keys) that stopped working or will within two weeks: rotate them.
+            files["keys"].update(gw.keys.current.expiring(time.time(), 14 * 86400))  # type: ignore[attr-defined]
         if gw.policy is not None:
             files["policy"]["policy_revision"] = gw.policy.current.revision  # type: ignore[index]
         tls = await asyncio.to_thread(gw.tls_state)

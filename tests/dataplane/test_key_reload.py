@@ -57,3 +57,38 @@ def test_keys_reload_and_broken_edits_keep_last_good(tmp_path: Path, openai_up: 
         assert all_workers(new, 200) and all_workers(KEY, 401)
         assert "file_refused_keeping_last_good" in env.logs()
         assert str(keys_file) + ":" in env.logs()
+
+
+def test_a_key_stops_working_when_it_expires(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
+    reg = registry_for(
+        {"v": ("openai", openai_up.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
+    )
+    with running(tmp_path, reg, workers=2) as env:
+        keys_file = env.settings.keys_file
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+        def call(key: str) -> httpx.Response:
+            return httpx.post(
+                env.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+            )
+
+        soon, gone = "ztg-key-expiring-in-seconds", "ztg-key-expired-last-year"
+        until = time.time() + 4
+        doc = yaml.safe_load(keys_file.read_text())
+        doc["keys"] += [
+            {"id": "k-soon", "sha256": digest(soon), "user": "dan", "tenant": "acme",
+             "expires": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))},
+            {"id": "k-gone", "sha256": digest(gone), "user": "eve", "tenant": "acme",
+             "expires": "2025-12-01T00:00:00+08:00"},
+        ]  # fmt: skip
+        keys_file.write_text(yaml.safe_dump(doc))
+        assert _wait_for(lambda: call(soon).status_code == 200)
+        before = len(openai_up.requests)
+        r = call(gone)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "expired_api_key", r.text
+        # Read at each request, not at load: the same key file refuses it once its time has come.
+        time.sleep(max(0.0, until - time.time()) + 1)
+        codes = {call(soon).json()["error"]["code"] for _ in range(4)}  # both workers
+        assert codes == {"expired_api_key"}
+        assert len(openai_up.requests) == before
+        assert "principal:check:deny:key=k-gone,expired" in env.logs(0)

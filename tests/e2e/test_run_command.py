@@ -55,6 +55,12 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
         assert ready["checks"]["redis"] is True  # the shipped policy counts risk in Redis
         files = ready["files"]
         assert files["keys"]["last_error"] is None and files["keys"]["revision"]
+        # The demo keys do not expire: nothing to rotate.
+        assert (files["keys"]["expired"], files["keys"]["expiring"], files["keys"]["disabled"]) == (
+            [],
+            [],
+            [],
+        )
         assert files["registry"]["revision"]
         text = out.read_text()
         assert DEMO_KEY in text and "openai" in text and "curl" in text

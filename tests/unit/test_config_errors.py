@@ -109,6 +109,12 @@ def test_strict_yaml(text: str, message: str) -> None:
     assert [str(p) for p in e.value.problems] == [message]
 
 
+def test_times_and_dates_read_as_written() -> None:
+    # YAML 1.1 would make them datetime objects; a field that wants a time parses the text itself.
+    data, _ = load("a: 2027-03-31T00:00:00Z\nb: 2024-06-01\nc: '2024-06-01'\n", "f.yaml")
+    assert data == {"a": "2027-03-31T00:00:00Z", "b": "2024-06-01", "c": "2024-06-01"}
+
+
 def test_problems_are_listed_in_file_order() -> None:
     text = GOOD.replace("port: 8000", "port: x").replace("{upstream: vllm}", "{upstream: vllm, extra: 1}")
     with pytest.raises(RegistryError) as e:
@@ -129,7 +135,7 @@ def test_key_file_problems_are_located(tmp_path: Path) -> None:
     with pytest.raises(KeyFileError) as e:
         KeyStore.load(f)
     assert [str(p).removeprefix(str(f)) for p in e.value.problems] == [
-        ":4:46: unknown key 'admin': allowed keys: groups, id, sha256, tenant, user",
+        ":4:46: unknown key 'admin': allowed keys: disabled, expires, groups, id, sha256, tenant, user",
     ]
     f.write_text(f.read_text().replace(", admin: true", ""))
     with pytest.raises(KeyFileError) as e:

@@ -132,6 +132,59 @@ def test_bad_key_files(tmp_path: Path, keys: object) -> None:
         KeyStore.load(f)
 
 
+async def test_expired_and_disabled_keys_are_refused_by_id(tmp_path: Path) -> None:
+    import time
+
+    live, old, off = new_key(), new_key(), new_key()
+    f = tmp_path / "keys.yaml"
+    f.write_text(
+        "keys:\n"
+        f"  - {{id: live, sha256: {digest(live)}, user: u, tenant: t, expires: 2999-01-01T00:00:00+08:00}}\n"
+        f"  - {{id: old, sha256: {digest(old)}, user: u, tenant: t, expires: '2020-01-01T00:00:00Z'}}\n"
+        f"  - {{id: k-off, sha256: {digest(off)}, user: u, tenant: t, disabled: true}}\n"
+    )
+    store = KeyStore.load(f)
+    filt = ApiKeyPrincipal(store)
+    assert isinstance(await filt.on_request_headers(_ctx({"authorization": f"Bearer {live}"})), Continue)
+    for key, code, message in (
+        (old, "expired_api_key", "the API key has expired"),
+        (off, "disabled_api_key", "the API key is disabled"),
+    ):
+        ctx = _ctx({"authorization": f"Bearer {key}"})
+        d = await filt.on_request_headers(ctx)
+        assert isinstance(d, Deny) and (d.status, str(d.code), d.message) == (401, code, message)
+        assert ctx.principal is None  # nothing downstream acts for a refused key
+        [v] = ctx.verdicts
+        assert v.detail == f"key={'old' if key == old else 'k-off'},{code.split('_')[0]}"
+    # Expiry is read at each request: the same store refuses a key once its time has come.
+    assert store.refusal(live, time.time()) is None
+    assert store.refusal(live, store.expires[digest(live)]) == "expired"
+    assert store.expiring(time.time(), 14 * 86400) == {
+        "expired": ["old"],
+        "expiring": [],
+        "disabled": ["k-off"],
+    }
+    soon = store.expires[digest(live)] - 86400
+    assert store.expiring(soon, 14 * 86400)["expiring"] == ["live"]
+
+
+@pytest.mark.parametrize(
+    ("expires", "message"),
+    [
+        ("2027-01-01", "write a time with its zone"),
+        ("2027-01-01T00:00:00", "write the time zone too"),
+        ("'next tuesday'", "not an ISO 8601 time"),
+        ("1767225600", "write a time with its zone"),
+    ],
+)
+def test_a_key_s_expiry_must_be_a_time_with_its_zone(tmp_path: Path, expires: str, message: str) -> None:
+    f = tmp_path / "keys.yaml"
+    f.write_text(f"keys:\n  - {{id: k, sha256: {'a' * 64}, user: u, tenant: t, expires: {expires}}}\n")
+    with pytest.raises(KeyFileError) as e:
+        KeyStore.load(f)
+    assert message in str(e.value) and f"{f}:2:" in str(e.value), str(e.value)
+
+
 class _Set(BaseFilter):
     name = "set"
     phases = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY
