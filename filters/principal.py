@@ -137,13 +137,21 @@ class KeyStore:
         """The principal for a presented key, or None (whether it expired or is disabled: `refusal`)."""
         return self.by_digest.get(digest(key))
 
-    def refusal(self, key: str, now: float) -> str | None:
-        """Why a known key is refused at `now` (epoch seconds): "expired", "disabled", or None."""
+    def check(self, key: str, now: float) -> tuple[Principal | None, str | None]:
+        """The principal for a presented key (None: unknown), and why it is refused at `now`
+        (epoch seconds): "expired", "disabled", or None. One digest per request."""
         d = digest(key)
+        principal = self.by_digest.get(d)
+        if principal is None or (not self.expires and not self.disabled):
+            return principal, None
         if d in self.disabled:
-            return "disabled"
+            return principal, "disabled"
         until = self.expires.get(d)
-        return "expired" if until is not None and now >= until else None
+        return principal, "expired" if until is not None and now >= until else None
+
+    def refusal(self, key: str, now: float) -> str | None:
+        """Why a key is refused at `now` (epoch seconds): "expired", "disabled", or None."""
+        return self.check(key, now)[1]
 
     def expiring(self, now: float, within_s: float) -> dict[str, list[str]]:
         """Key ids by state: expired, expiring within `within_s`, disabled (for /readyz)."""
@@ -173,10 +181,11 @@ class ApiKeyPrincipal(BaseFilter):
         scheme, _, token = auth.partition(" ")
         token = token.strip()
         keys = self._keys.current if isinstance(self._keys, Reloadable) else self._keys
-        principal = keys.lookup(token) if scheme.lower() == "bearer" and token else None
+        principal, refused = (
+            keys.check(token, time.time()) if scheme.lower() == "bearer" and token else (None, None)
+        )
         if principal is None:
             return Deny(401, ErrorCode.INVALID_API_KEY, "the API key is not valid")
-        refused = keys.refusal(token, time.time())
         if refused is not None:
             # The key's id (never the key) tells operators whose key is still in use.
             ctx.verdicts.append(Verdict(self.name, "check", "deny", 0.0, f"key={principal.key_id},{refused}"))
