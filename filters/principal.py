@@ -133,10 +133,6 @@ class KeyStore:
         expires = {e.sha256: e.expires.timestamp() for e in spec.keys if e.expires is not None}
         return cls(out, expires, frozenset(e.sha256 for e in spec.keys if e.disabled))
 
-    def lookup(self, key: str) -> Principal | None:
-        """The principal for a presented key, or None (whether it expired or is disabled: `refusal`)."""
-        return self.by_digest.get(digest(key))
-
     def check(self, key: str, now: float) -> tuple[Principal | None, str | None]:
         """The principal for a presented key (None: unknown), and why it is refused at `now`
         (epoch seconds): "expired", "disabled", or None. One digest per request."""
