@@ -86,6 +86,11 @@ class Metrics:
         self.escalations = Counter(
             "ztgate_risk_escalations_total", "Users put under manual review", ("reason",)
         )
+        self.tls_reloads = Counter(
+            "ztgate_extproc_tls_reloads_total",
+            "The workers' certificate files read again after a change: reloaded, or refused (last good kept)",
+            ("outcome",),
+        )
         self.all: tuple[Histogram | Counter, ...] = (
             self.filter_seconds,
             self.phase_seconds,
@@ -95,6 +100,7 @@ class Metrics:
             self.findings,
             self.fail_modes,
             self.escalations,
+            self.tls_reloads,
         )
 
     def record(self, filter_name: str, phase: str, action: str, seconds: float) -> None:
@@ -123,6 +129,10 @@ class Metrics:
     def escalation(self, reason: str) -> None:
         """A user was put under review (`threshold` or `rule`)."""
         self.escalations.inc((reason,))
+
+    def tls_reload(self, outcome: str) -> None:
+        """The worker's TLS files changed and were `reloaded` or `refused`."""
+        self.tls_reloads.inc((outcome,))
 
     def failure(self, kind: str) -> None:
         """The chain failed (error or timeout) and denied."""

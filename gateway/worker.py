@@ -30,11 +30,15 @@ from gateway.reload import Reloadable, watch
 from gateway.settings import Settings
 
 
-def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
+def _credentials(settings: Settings, metrics: Metrics) -> grpc.ServerCredentials | None:
+    """The workers' mutual TLS, if configured; reloads counted in metrics (gRPC reports them from
+    its own thread: handed to the event loop, which owns the counters)."""
     s = settings
     if s.extproc_tls_cert_file is None or s.extproc_tls_key_file is None or s.extproc_tls_ca_file is None:
         return None
-    return mutual_tls(s.extproc_tls_cert_file, s.extproc_tls_key_file, s.extproc_tls_ca_file)
+    return mutual_tls(
+        s.extproc_tls_cert_file, s.extproc_tls_key_file, s.extproc_tls_ca_file, metrics.tls_reload
+    )
 
 
 async def _main(port: int) -> None:
@@ -77,7 +81,7 @@ async def _main(port: int) -> None:
     anchor = asyncio.create_task(_anchor_audit(env))
     try:
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(impl, settings.worker_host, port, credentials=_credentials(settings))
+            await serve(impl, settings.worker_host, port, credentials=_credentials(settings, metrics))
     finally:
         for task in (flusher, watcher, anchor, follower):
             if task is not None:

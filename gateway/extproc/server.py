@@ -396,12 +396,15 @@ def _certificates(cert: Path, key: Path, ca: Path) -> grpc.ServerCertificateConf
     return grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)], root_certificates=ca_pem)
 
 
-def mutual_tls(cert: Path, key: Path, ca: Path) -> grpc.ServerCredentials:
+def mutual_tls(
+    cert: Path, key: Path, ca: Path, reloaded: Callable[[str], None] | None = None
+) -> grpc.ServerCredentials:
     """Server credentials that also require the peer's certificate, from the same CA (Envoy's).
 
     The files are read again when they change, as Envoy re-reads its own copy (rotation without a
     restart): gRPC asks at each new connection, and a change is taken only if the certificate, key
     and CA parse and match; otherwise the last good ones stay and the refusal is logged once.
+    `reloaded` hears each outcome ("reloaded", "refused"), e.g. for metrics.
     """
     files = (cert, key, ca)
     seen = [_stamp(files)]
@@ -415,8 +418,12 @@ def mutual_tls(cert: Path, key: Path, ca: Path) -> grpc.ServerCredentials:
             config = _certificates(cert, key, ca)
         except (OSError, ssl.SSLError, ValueError) as exc:
             log().warning("extproc_tls_not_reloaded", error=type(exc).__name__, detail=str(exc)[:200])
+            if reloaded is not None:
+                reloaded("refused")
             return None
         log().info("extproc_tls_reloaded", cert=str(cert))
+        if reloaded is not None:
+            reloaded("reloaded")
         return config
 
     return grpc.dynamic_ssl_server_credentials(

@@ -3,6 +3,7 @@ servers, the workers' link, and certificates rotated while the gateway runs."""
 
 from __future__ import annotations
 
+import re
 import socket
 import ssl
 import time
@@ -14,6 +15,7 @@ import httpx
 import pytest
 import trustme
 
+from gateway import metrics
 from gateway.metrics import render_tls
 from tests.harness import KEY, ScriptedUpstream, registry_for, running
 
@@ -359,6 +361,15 @@ def test_the_workers_certificate_rotates_without_a_restart(
         assert _served(port, ca, second) == _der(second)
         logs = env.logs(0)
         assert "extproc_tls_reloaded" in logs and "extproc_tls_not_reloaded" in logs
+
+        def counted(outcome: str) -> float:
+            # (a connection between the two renames above would count one refusal more)
+            text = metrics.render(metrics.read_dir(env.gw.run_dir / "metrics"))
+            found = re.search(rf'ztgate_extproc_tls_reloads_total{{outcome="{outcome}"}} (\S+)', text)
+            return float(found.group(1)) if found else 0.0
+
+        _until(lambda: counted("refused") >= 1)
+        assert counted("reloaded") >= 1
     assert len(openai_up.requests) == 2
 
 
