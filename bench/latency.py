@@ -5,8 +5,9 @@ almost nothing): Envoy alone as a pass-through proxy; the gateway with a no-op c
 (`static_route`: request headers only); the gateway with the real chain (principal + protocol +
 route: 2 ext_proc phases, since no filter reads the answer); the same chain with the answer read
 (`bench.answer_reader`, a filter that takes the answer and does nothing: 4 phases, the answer
-parsed), and the chain with PII redaction of answers (4 phases, as the shipped default policy
-has it). For each, at concurrency 1, 8 and 32: req/s, p50/p99 latency, the p50/p99 added
+parsed), the chain with PII redaction of answers (4 phases, as the shipped default policy
+has it), and the real chain again with Envoy's link to the workers under mutual TLS
+(`full+mTLS`). For each, at concurrency 1, 8 and 32: req/s, p50/p99 latency, the p50/p99 added
 over Envoy alone, and CPU µs per request of Envoy and of the workers (from /proc). Then time to
 first token on a streamed answer, Envoy alone vs the chains.
 
@@ -178,8 +179,31 @@ class Stack:
     worker_pids: list[int]
 
 
+def _extproc_tls(d: Path, on: bool) -> dict[str, Path]:
+    """Mutual TLS between Envoy and the workers (a throwaway trustme CA), or none."""
+    names = {
+        "cert": "ZTGATE_EXTPROC_TLS_CERT_FILE",
+        "key": "ZTGATE_EXTPROC_TLS_KEY_FILE",
+        "ca": "ZTGATE_EXTPROC_TLS_CA_FILE",
+    }
+    for var in names.values():
+        os.environ.pop(var, None)
+    if not on:
+        return {}
+    import trustme  # a test dependency: the benchmark runs in the dev venv
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    files = {"cert": d / "x.crt", "key": d / "x.key", "ca": d / "ca.crt"}
+    files["cert"].write_bytes(b"".join(p.bytes() for p in leaf.cert_chain_pems))
+    leaf.private_key_pem.write_to_path(str(files["key"]))
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    os.environ.update({names[k]: str(f) for k, f in files.items()})
+    return files
+
+
 def _start_gateway(  # noqa: PLR0917 - a benchmark helper, called in one place
-    tmp: Path, name: str, filters: str, up_port: int, sse_port: int, workers: int, envoy_only: bool
+    tmp: Path, name: str, filters: str, up_port: int, sse_port: int, workers: int, envoy_only: bool, tls: bool
 ) -> Stack:
     reg = {
         "upstreams": {
@@ -209,7 +233,11 @@ def _start_gateway(  # noqa: PLR0917 - a benchmark helper, called in one place
             "ZTGATE_AUDIT_KEY_FILE": str(d / "audit.key"),
         }
     )
+    tls_files = _extproc_tls(d, tls)
     s = Settings(
+        extproc_tls_cert_file=tls_files.get("cert"),
+        extproc_tls_key_file=tls_files.get("key"),
+        extproc_tls_ca_file=tls_files.get("ca"),
         listen_port=free_port(),
         envoy_admin_port=free_port(),
         worker_ports=tuple(free_port() for _ in range(workers)),
@@ -353,13 +381,13 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def _subset(
-    ap: argparse.ArgumentParser, configs: list[tuple[str, str, bool]], names: str
-) -> list[tuple[str, str, bool]]:
+    ap: argparse.ArgumentParser, configs: list[tuple[str, str, bool, bool]], names: str
+) -> list[tuple[str, str, bool, bool]]:
     """The set-ups named in --configs, with envoy-only (the added columns' base)."""
     wanted = {"envoy-only", *(c.strip() for c in names.split(","))}
-    unknown = wanted - {name for name, _, _ in configs}
+    unknown = wanted - {c[0] for c in configs}
     if unknown:
-        ap.error(f"--configs: unknown set-ups {sorted(unknown)}; known: {[n for n, _, _ in configs]}")
+        ap.error(f"--configs: unknown set-ups {sorted(unknown)}; known: {[c[0] for c in configs]}")
     return [c for c in configs if c[0] in wanted]
 
 
@@ -375,15 +403,17 @@ def main() -> None:
     )
     args = ap.parse_args()
     configs = [
-        ("envoy-only", "static_route", True),
-        ("grpc floor", "bare", False),
-        ("no-op chain", "static_route", False),
-        ("full chain", "principal,protocol,route", False),
-        ("+ answers", "principal,protocol,route,read_answers", False),
-        ("chain + pii", "principal,protocol,route,pii", False),
+        ("envoy-only", "static_route", True, False),
+        ("grpc floor", "bare", False, False),
+        ("no-op chain", "static_route", False, False),
+        ("full chain", "principal,protocol,route", False, False),
+        # The same, with Envoy's link to the workers under mutual TLS (ZTGATE_EXTPROC_TLS_*).
+        ("full+mTLS", "principal,protocol,route", False, True),
+        ("+ answers", "principal,protocol,route,read_answers", False, False),
+        ("chain + pii", "principal,protocol,route,pii", False, False),
         # The shipped policy's chain without the classifier: + the Redis review check per request
         # and one chained audit record (fingerprints) per request.
-        ("+ risk+audit", "principal,risk,protocol,route,pii,audit", False),
+        ("+ risk+audit", "principal,risk,protocol,route,pii,audit", False, False),
     ]
     if args.configs:
         configs = _subset(ap, configs, args.configs)
@@ -396,9 +426,9 @@ def main() -> None:
         upstream.wait_ready(lambda: port_open("127.0.0.1", up_port), 30)
         _sse_upstream(sse_port)
         try:
-            for name, filters, envoy_only in configs:
+            for name, filters, envoy_only, tls in configs:
                 stack = _start_gateway(
-                    tmp, name.replace(" ", "-"), filters, up_port, sse_port, args.workers, envoy_only
+                    tmp, name.replace(" ", "-"), filters, up_port, sse_port, args.workers, envoy_only, tls
                 )
                 try:
                     req = _request(stack.url_port, BODY)
@@ -418,7 +448,14 @@ def main() -> None:
                             "workers_us": (cpu1[1] - cpu0[1]) / n * 1e6,
                             "main_us": (cpu1[2] - cpu0[2]) / n * 1e6,
                         }
-                    if name in ("envoy-only", "full chain", "+ answers", "chain + pii", "+ risk+audit"):
+                    if name in (
+                        "envoy-only",
+                        "full chain",
+                        "full+mTLS",
+                        "+ answers",
+                        "chain + pii",
+                        "+ risk+audit",
+                    ):
                         ttft[name] = asyncio.run(_ttft(stack.url_port, args.ttft))
                 finally:
                     stop_all(stack.procs)
@@ -446,7 +483,7 @@ def main() -> None:
     print("\nstreamed answer, time to first content chunk (c=1):")
     for name, xs in ttft.items():
         print(f"  {name:<12} p50 {_pct(xs, 0.5):.2f} ms  p99 {_pct(xs, 0.99):.2f} ms")
-    for name in ("full chain", "+ answers", "chain + pii", "+ risk+audit"):
+    for name in ("full chain", "full+mTLS", "+ answers", "chain + pii", "+ risk+audit"):
         if name in ttft:
             print(
                 f"  added by {name}: p50 {_pct(ttft[name], 0.5) - _pct(ttft['envoy-only'], 0.5):.2f} ms, "
