@@ -34,7 +34,14 @@ def _envoy_config(args: argparse.Namespace) -> int:
         envoy_config.write(s, registry, Path(args.out))
         return 0
     cds = Path(envoy_config.CDS_FILE) if s.registry_source == "consul" else None
-    print(json.dumps(envoy_config.render(s, registry, cds=cds), indent=1))
+    secrets = envoy_config.Secrets(Path(envoy_config.SDS_DIR))
+    print(json.dumps(envoy_config.render(s, registry, cds=cds, secrets=secrets), indent=1))
+    if secrets.secrets:
+        print(
+            f"note: the config names SDS secret files ({', '.join(sorted(secrets.secrets))} in "
+            f"{envoy_config.SDS_DIR}/); --out writes them beside the bootstrap",
+            file=sys.stderr,
+        )
     return 0
 
 
