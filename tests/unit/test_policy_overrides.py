@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fnmatch
+import json
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from filters.base import Principal, RequestContext
 from filters.chain import BuildEnv
@@ -228,3 +232,47 @@ def test_a_tenant_can_have_its_own_injection_model(tmp_path: Path) -> None:
     assert o.variant.threshold == own_model.manifest.threshold == 0.5  # type: ignore[attr-defined]
     assert own_model.assess("jailbreak").score > 0.9
     assert own_model.assess("please summarise the report").score < 0.1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    scopes=st.lists(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "tenant": st.sampled_from([["acme"], ["globex"], ["acme", "globex"]]),
+                "user": st.sampled_from([["ann"], ["bob"]]),
+                "route": st.sampled_from([["/v1/*"], ["/v2/*"]]),
+            },
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    tenant=st.sampled_from(["acme", "globex", "initech"]),
+    user=st.sampled_from(["ann", "bob"]),
+    route=st.sampled_from(["/v1/chat/completions", "/v2/models/m/infer"]),
+)
+def test_the_override_picked_is_the_most_specific_match_and_the_first_listed_on_a_tie(
+    scopes: list[dict[str, list[str]]], tenant: str, user: str, route: str
+) -> None:
+    overrides = [
+        {"name": f"o{i}", "when": when, "filter": "pii", "params": {"threshold": round(0.1 + i / 10, 1)}}
+        for i, when in enumerate(scopes)
+    ]
+    doc = {**yaml.safe_load(BASE.split("overrides:", maxsplit=1)[0]), "overrides": overrides}
+    p = policy.compile_policy(json.dumps(doc), "p.yaml", ENV)  # JSON is YAML, and has no anchors
+    s = policy.subject(Principal("k", user, tenant, ()), "m@1", route, "openai")
+    # Reference: every field given matches (globs for route), then most fields, then key >
+    # user > group > tenant > model > route > protocol, then the first listed.
+    order = ("key", "user", "group", "tenant", "model", "route", "protocol")
+    value = {"tenant": tenant, "user": user, "route": route}
+
+    def matches(when: dict[str, list[str]]) -> bool:
+        return all(any(fnmatch.fnmatchcase(value[k], v) for v in vs) for k, vs in when.items())
+
+    ranked = sorted(
+        (i for i, w in enumerate(scopes) if matches(w)),
+        key=lambda i: (-len(scopes[i]), tuple(d not in scopes[i] for d in order), i),
+    )
+    expected = [f"o{ranked[0]}"] if ranked else []
+    assert [o.override.name for o in p.overrides_for(s)] == expected
