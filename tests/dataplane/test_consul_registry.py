@@ -266,3 +266,48 @@ def test_ztgate_up_readiness_follows_consul(
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.wait(30) == 0, out.read_text()
+
+
+def test_tls_upstreams_from_consul_verify_the_model_server(tmp_path: Path, consul: ConsulDouble) -> None:
+    """With the registry in Consul, the cluster feed writes the upstreams' TLS secrets beside
+    the clusters that name them: a model server found through Consul is verified as one in the
+    file registry is (its chain and the name the document gives)."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("vllm.internal").configure_cert(ctx)
+    good = ScriptedUpstream("tls-good", tls=ctx).start()
+    wrong = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("other.internal").configure_cert(wrong)
+    imposter = ScriptedUpstream("tls-imposter", tls=wrong).start()
+    tls = {"ca_file": str(tmp_path / "ca.crt"), "server_name": "vllm.internal"}
+    doc = {
+        "upstreams": {
+            "good": {"protocol": "openai", "service": "vllm", "tls": dict(tls)},
+            "imposter": {"protocol": "openai", "service": "vllm-2", "tls": dict(tls)},
+        },
+        "models": {
+            "m": {"latest": "1", "versions": {"1": {"upstream": "good"}}},
+            "x": {"latest": "1", "versions": {"1": {"upstream": "imposter"}}},
+        },
+    }
+    consul.put(KV_KEY, yaml.safe_dump(doc).encode())
+    consul.register("vllm", "vllm-1", "127.0.0.1", good.port)
+    consul.register("vllm-2", "vllm-2-1", "127.0.0.1", imposter.port)
+    try:
+        with gateway(tmp_path / "g", consul) as env:
+            until(lambda: chat(env, "m").status_code == 200, what="the TLS upstream from Consul answers")
+            r = chat(env, "x")  # a certificate for another name: refused, nothing received
+            assert r.status_code == 503 and r.json()["error"]["code"] == "upstream_unavailable", r.text
+            assert imposter.requests == [] and len(good.requests) >= 1
+            assert {p.name for p in (env.gw.run_dir / "sds").glob("*.json")} == {
+                "upstream-good-ca.json",
+                "upstream-imposter-ca.json",
+            }
+    finally:
+        good.stop()
+        imposter.stop()
