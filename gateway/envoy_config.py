@@ -18,6 +18,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import ssl
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from gateway.config_yaml import ConfigError, Problem
 from gateway.registry import Registry, UpstreamTLS, cluster_name
 from gateway.settings import Settings
 
@@ -411,6 +413,51 @@ def upstream_clusters(
             _cluster(cluster_name(name), eps, http2=False, buffer_limit=settings.buffer_limit_bytes, tls=tls)
         )
     return out
+
+
+def tls_problems(settings: Settings, registry: Registry) -> list[Problem]:
+    """The certificate, key and CA files the rendered config names that do not load (a file
+    that does not parse, a key that is not the certificate's). Envoy itself would start on such
+    a secret and reset every connection it guards, so `ztgate up` refuses to start instead."""
+    secrets = Secrets(Path(SDS_DIR))
+    render(
+        settings,
+        registry,
+        cds=Path(CDS_FILE) if settings.registry_source == "consul" else None,
+        secrets=secrets,
+    )
+    problems = []
+    for name, secret in sorted(secrets.secrets.items()):
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            if "tls_certificate" in secret:
+                pair = secret["tls_certificate"]
+                source = pair["certificate_chain"]["filename"]
+                what = "the certificate and its key do not load together"
+                ctx.load_cert_chain(source, pair["private_key"]["filename"])
+            else:
+                source = secret["validation_context"]["trusted_ca"]["filename"]
+                what = "the CA certificates do not load"
+                ctx.load_verify_locations(source)
+        except (OSError, ssl.SSLError) as exc:
+            reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
+            problems.append(
+                Problem(
+                    source,
+                    1,
+                    1,
+                    f"{name}: {what} ({reason})",
+                    "write PEM files; the key must be the certificate's",
+                )
+            )
+    return problems
+
+
+def check_tls(settings: Settings, registry: Registry) -> None:
+    """ConfigError listing `tls_problems`, if any."""
+    problems = tls_problems(settings, registry)
+    if problems:
+        raise ConfigError(problems)
 
 
 def write(settings: Settings, registry: Registry, out: Path) -> Path:

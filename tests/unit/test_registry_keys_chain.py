@@ -460,3 +460,40 @@ def test_envoys_own_replies_have_a_code_each_and_the_catch_all_comes_last() -> N
     assert "response.code_details == 'absolute_path_rejected'" in by_code["unknown_path"]
     assert "response.code_details == 'upgrade_failed'" in by_code["upgrade_not_supported"]
     assert mappers[codes.index("answer_too_large")]["status_code"] == 502
+
+
+def test_tls_files_that_do_not_load_refuse_the_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Envoy would start on them and reset every connection: `ztgate up` refuses before anything runs.
+    import trustme
+
+    from gateway import supervisor
+
+    ca = trustme.CA()
+    one, two = ca.issue_cert("127.0.0.1"), ca.issue_cert("127.0.0.1")
+    (tmp_path / "c.crt").write_bytes(one.cert_chain_pems[0].bytes())
+    (tmp_path / "k.key").write_bytes(one.private_key_pem.bytes())
+    (tmp_path / "other.key").write_bytes(two.private_key_pem.bytes())
+    (tmp_path / "bad.pem").write_text("-----BEGIN CERTIFICATE-----\nnot one\n")
+    reg = Registry.from_yaml(REG)
+    good = Settings(tls_cert_file=tmp_path / "c.crt", tls_key_file=tmp_path / "k.key")
+    assert envoy_config.tls_problems(good, reg) == []
+    mismatched = Settings(tls_cert_file=tmp_path / "c.crt", tls_key_file=tmp_path / "other.key")
+    [p] = envoy_config.tls_problems(mismatched, reg)
+    assert str(p).startswith(
+        f"{tmp_path / 'c.crt'}:1:1: listener-cert: the certificate and its key do not load together ("
+    )
+    broken_ca = Settings(
+        tls_cert_file=tmp_path / "c.crt",
+        tls_key_file=tmp_path / "k.key",
+        tls_client_ca_file=tmp_path / "bad.pem",
+    )
+    [p] = envoy_config.tls_problems(broken_ca, reg)
+    assert (
+        p.source == str(tmp_path / "bad.pem")
+        and "listener-client-ca: the CA certificates do not load" in p.what
+    )
+    assert supervisor.up(mismatched, demo=False) == 2
+    err = capsys.readouterr().err
+    assert "cannot start, configuration has problems" in err and "do not load together" in err
