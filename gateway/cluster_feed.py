@@ -43,6 +43,9 @@ async def _main(cds: Path) -> None:
         clusters = envoy_config.upstream_clusters(
             settings, snap.registry, {n: list(snap.of(n)) for n in ups}, secrets
         )
+        for problem in secrets.problems():
+            # Envoy refuses such a secret and the upstream's connections fail (503, fail closed).
+            log().error("upstream_tls_files_do_not_load", problem=str(problem))
         secrets.write()  # before the clusters that name them
         version = envoy_config.write_clusters(cds, clusters)
         counts = {n: len(snap.of(n)) for n in sorted(ups)}

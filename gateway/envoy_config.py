@@ -75,6 +75,34 @@ class Secrets:
             },
         )
 
+    def problems(self) -> list[Problem]:
+        """The secrets whose PEM files do not load (unparseable, or a key not the certificate's)."""
+        out = []
+        for name, secret in sorted(self.secrets.items()):
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            try:
+                if "tls_certificate" in secret:
+                    pair = secret["tls_certificate"]
+                    source = pair["certificate_chain"]["filename"]
+                    what = "the certificate and its key do not load together"
+                    ctx.load_cert_chain(source, pair["private_key"]["filename"])
+                else:
+                    source = secret["validation_context"]["trusted_ca"]["filename"]
+                    what = "the CA certificates do not load"
+                    ctx.load_verify_locations(source)
+            except (OSError, ssl.SSLError) as exc:
+                reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
+                out.append(
+                    Problem(
+                        source,
+                        1,
+                        1,
+                        f"{name}: {what} ({reason})",
+                        "write PEM files; the key must be the certificate's",
+                    )
+                )
+        return out
+
     def write(self) -> None:
         """Each secret's file, renamed into place; a file whose content is unchanged is left alone."""
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -420,37 +448,9 @@ def tls_problems(settings: Settings, registry: Registry) -> list[Problem]:
     that does not parse, a key that is not the certificate's). Envoy itself would start on such
     a secret and reset every connection it guards, so `ztgate up` refuses to start instead."""
     secrets = Secrets(Path(SDS_DIR))
-    render(
-        settings,
-        registry,
-        cds=Path(CDS_FILE) if settings.registry_source == "consul" else None,
-        secrets=secrets,
-    )
-    problems = []
-    for name, secret in sorted(secrets.secrets.items()):
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        try:
-            if "tls_certificate" in secret:
-                pair = secret["tls_certificate"]
-                source = pair["certificate_chain"]["filename"]
-                what = "the certificate and its key do not load together"
-                ctx.load_cert_chain(source, pair["private_key"]["filename"])
-            else:
-                source = secret["validation_context"]["trusted_ca"]["filename"]
-                what = "the CA certificates do not load"
-                ctx.load_verify_locations(source)
-        except (OSError, ssl.SSLError) as exc:
-            reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
-            problems.append(
-                Problem(
-                    source,
-                    1,
-                    1,
-                    f"{name}: {what} ({reason})",
-                    "write PEM files; the key must be the certificate's",
-                )
-            )
-    return problems
+    cds = Path(CDS_FILE) if settings.registry_source == "consul" else None
+    render(settings, registry, cds=cds, secrets=secrets)
+    return secrets.problems()
 
 
 def check_tls(settings: Settings, registry: Registry) -> None:

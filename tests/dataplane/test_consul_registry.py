@@ -285,14 +285,22 @@ def test_tls_upstreams_from_consul_verify_the_model_server(tmp_path: Path, consu
     ca.issue_cert("other.internal").configure_cert(wrong)
     imposter = ScriptedUpstream("tls-imposter", tls=wrong).start()
     tls = {"ca_file": str(tmp_path / "ca.crt"), "server_name": "vllm.internal"}
+    (tmp_path / "broken.crt").write_text("-----BEGIN CERTIFICATE-----\nnot one\n")
     doc = {
         "upstreams": {
             "good": {"protocol": "openai", "service": "vllm", "tls": dict(tls)},
             "imposter": {"protocol": "openai", "service": "vllm-2", "tls": dict(tls)},
+            # A CA file that does not load: the feed says so; Envoy refuses it, nothing is reached.
+            "broken": {
+                "protocol": "openai",
+                "service": "vllm",
+                "tls": {**tls, "ca_file": str(tmp_path / "broken.crt")},
+            },
         },
         "models": {
             "m": {"latest": "1", "versions": {"1": {"upstream": "good"}}},
             "x": {"latest": "1", "versions": {"1": {"upstream": "imposter"}}},
+            "b": {"latest": "1", "versions": {"1": {"upstream": "broken"}}},
         },
     }
     consul.put(KV_KEY, yaml.safe_dump(doc).encode())
@@ -304,9 +312,14 @@ def test_tls_upstreams_from_consul_verify_the_model_server(tmp_path: Path, consu
             r = chat(env, "x")  # a certificate for another name: refused, nothing received
             assert r.status_code == 503 and r.json()["error"]["code"] == "upstream_unavailable", r.text
             assert imposter.requests == [] and len(good.requests) >= 1
+            before = len(good.requests)
+            r = chat(env, "b")
+            assert r.status_code == 503 and len(good.requests) == before, r.text
+            assert "upstream_tls_files_do_not_load" in env.logs(0) and "upstream-broken-ca" in env.logs(0)
             assert {p.name for p in (env.gw.run_dir / "sds").glob("*.json")} == {
                 "upstream-good-ca.json",
                 "upstream-imposter-ca.json",
+                "upstream-broken-ca.json",
             }
     finally:
         good.stop()
