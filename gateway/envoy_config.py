@@ -443,19 +443,22 @@ def upstream_clusters(
     return out
 
 
-def tls_problems(settings: Settings, registry: Registry) -> list[Problem]:
+def tls_problems(settings: Settings, registry: Registry, *, envoy: bool = True) -> list[Problem]:
     """The certificate, key and CA files the rendered config names that do not load (a file
     that does not parse, a key that is not the certificate's). Envoy itself would start on such
-    a secret and reset every connection it guards, so `ztgate up` refuses to start instead."""
+    a secret and reset every connection it guards, so `ztgate up` refuses to start instead.
+    Without Envoy (`envoy=False`: the workers run alone), only the workers' own files count."""
     secrets = Secrets(Path(SDS_DIR))
     cds = Path(CDS_FILE) if settings.registry_source == "consul" else None
     render(settings, registry, cds=cds, secrets=secrets)
+    if not envoy:
+        secrets.secrets = {n: v for n, v in secrets.secrets.items() if n.startswith("extproc-")}
     return secrets.problems()
 
 
-def check_tls(settings: Settings, registry: Registry) -> None:
+def check_tls(settings: Settings, registry: Registry, *, envoy: bool = True) -> None:
     """ConfigError listing `tls_problems`, if any."""
-    problems = tls_problems(settings, registry)
+    problems = tls_problems(settings, registry, envoy=envoy)
     if problems:
         raise ConfigError(problems)
 

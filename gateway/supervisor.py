@@ -369,7 +369,7 @@ def up(
         env = BuildEnv(settings)
         # Compiling the policy builds its filters, so the key file is read and checked here too.
         policy = policy_source(env)
-        envoy_config.check_tls(settings, registry)
+        envoy_config.check_tls(settings, registry, envoy=envoy)
     except ConfigError as exc:
         print(f"ztgate: cannot start, configuration has problems:\n{exc}", file=sys.stderr)
         return 2

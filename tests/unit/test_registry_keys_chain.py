@@ -494,6 +494,15 @@ def test_tls_files_that_do_not_load_refuse_the_start(
         p.source == str(tmp_path / "bad.pem")
         and "listener-client-ca: the CA certificates do not load" in p.what
     )
+    # The workers alone (Envoy in its own container) read only their own files.
+    assert envoy_config.tls_problems(mismatched, reg, envoy=False) == []
+    workers = Settings(
+        extproc_tls_cert_file=tmp_path / "c.crt",
+        extproc_tls_key_file=tmp_path / "other.key",
+        extproc_tls_ca_file=tmp_path / "c.crt",
+    )
+    [p] = envoy_config.tls_problems(workers, reg, envoy=False)
+    assert p.what.startswith("extproc-cert: the certificate and its key do not load together")
     assert supervisor.up(mismatched, demo=False) == 2
     err = capsys.readouterr().err
     assert "cannot start, configuration has problems" in err and "do not load together" in err
