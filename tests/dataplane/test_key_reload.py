@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
 
 from filters.principal import digest
-from tests.harness import KEY, ScriptedUpstream, registry_for, running
+from tests.harness import KEY, GatewayEnv, ScriptedUpstream, registry_for, running
 
 
 def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -22,18 +23,23 @@ def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
     return False
 
 
-def test_keys_reload_and_broken_edits_keep_last_good(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
-    reg = registry_for(
-        {"v": ("openai", openai_up.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
+def _call(env: GatewayEnv, key: str) -> httpx.Response:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(env.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
+
+
+def _registry(up: ScriptedUpstream) -> dict[str, Any]:
+    return registry_for(
+        {"v": ("openai", up.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
     )
-    with running(tmp_path, reg, workers=2) as env:
+
+
+def test_keys_reload_and_broken_edits_keep_last_good(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
+    with running(tmp_path, _registry(openai_up), workers=2) as env:
         keys_file = env.settings.keys_file
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
         def status(key: str) -> int:
-            return httpx.post(
-                env.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
-            ).status_code
+            return _call(env, key).status_code
 
         def all_workers(key: str, want: int) -> bool:
             # Several calls, so both workers (round-robin) have answered.
@@ -60,20 +66,10 @@ def test_keys_reload_and_broken_edits_keep_last_good(tmp_path: Path, openai_up: 
 
 
 def test_a_key_stops_working_when_it_expires(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
-    reg = registry_for(
-        {"v": ("openai", openai_up.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
-    )
-    with running(tmp_path, reg, workers=2) as env:
+    with running(tmp_path, _registry(openai_up), workers=2) as env:
         keys_file = env.settings.keys_file
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-
-        def call(key: str) -> httpx.Response:
-            return httpx.post(
-                env.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
-            )
-
         soon, gone = "ztg-key-expiring-in-seconds", "ztg-key-expired-last-year"
-        until = time.time() + 4
+        until = time.time() + 8  # beyond the reload wait below (5 s at most)
         doc = yaml.safe_load(keys_file.read_text())
         doc["keys"] += [
             {"id": "k-soon", "sha256": digest(soon), "user": "dan", "tenant": "acme",
@@ -82,13 +78,13 @@ def test_a_key_stops_working_when_it_expires(tmp_path: Path, openai_up: Scripted
              "expires": "2025-12-01T00:00:00+08:00"},
         ]  # fmt: skip
         keys_file.write_text(yaml.safe_dump(doc))
-        assert _wait_for(lambda: call(soon).status_code == 200)
+        assert _wait_for(lambda: _call(env, soon).status_code == 200)
         before = len(openai_up.requests)
-        r = call(gone)
+        r = _call(env, gone)
         assert r.status_code == 401 and r.json()["error"]["code"] == "expired_api_key", r.text
         # Read at each request, not at load: the same key file refuses it once its time has come.
         time.sleep(max(0.0, until - time.time()) + 1)
-        codes = {call(soon).json()["error"]["code"] for _ in range(4)}  # both workers
+        codes = {_call(env, soon).json()["error"]["code"] for _ in range(4)}  # both workers
         assert codes == {"expired_api_key"}
         assert len(openai_up.requests) == before
         assert "principal:check:deny:key=k-gone,expired" in env.logs(0)
