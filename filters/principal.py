@@ -145,10 +145,6 @@ class KeyStore:
         until = self.expires.get(d)
         return principal, "expired" if until is not None and now >= until else None
 
-    def refusal(self, key: str, now: float) -> str | None:
-        """Why a key is refused at `now` (epoch seconds): "expired", "disabled", or None."""
-        return self.check(key, now)[1]
-
     def expiring(self, now: float, within_s: float) -> dict[str, list[str]]:
         """Key ids by state: expired, expiring within `within_s`, disabled (for /readyz)."""
         ids = {d: p.key_id for d, p in self.by_digest.items()}

@@ -43,7 +43,7 @@ class Reloadable(Generic[T]):
         self.loaded_at = time.time()
         self.last_error: str | None = None
         self.last_error_at: float | None = None
-        self._stamp = _stamp(path)
+        self._stamp = file_stamp(path)
 
     def check(self) -> bool:
         """Reload if the file changed; True if a new value is now in force."""
@@ -59,7 +59,7 @@ class Reloadable(Generic[T]):
         The swap is left to the caller, so a watcher on an event loop makes it there, together
         with whatever must happen before any request sees the new value (its audit record).
         """
-        stamp = _stamp(self.path)
+        stamp = file_stamp(self.path)
         if stamp == self._stamp:
             return None
         self._stamp = stamp
@@ -89,12 +89,14 @@ class Reloadable(Generic[T]):
         return Status(str(self.path), self.revision, self.loaded_at, self.last_error, self.last_error_at)
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a file changed without reading it: inode (a rename or a symlink swap, even of a
+    file with the same time and size), modification time, size; None if it cannot be seen."""
     try:
         st = path.stat()
     except OSError:
         return None
-    return (st.st_mtime_ns, st.st_size)
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _digest(path: Path) -> str:

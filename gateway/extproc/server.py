@@ -38,6 +38,7 @@ from gateway.metrics import Metrics
 from gateway.observability import log, where
 from gateway.policy import CompiledPolicy
 from gateway.registry import Registry
+from gateway.reload import file_stamp
 
 T = TypeVar("T")
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -373,15 +374,6 @@ class ExtProcServer:
         )
 
 
-def _stamp(files: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...]:
-    """What tells a file changed: inode (a rename or a symlink swap), modification time, size."""
-    out = []
-    for f in files:
-        st = f.stat()
-        out.append((st.st_ino, st.st_mtime_ns, st.st_size))
-    return tuple(out)
-
-
 def _certificates(cert: Path, key: Path, ca: Path) -> grpc.ServerCertificateConfiguration:
     """The three files as gRPC's certificate configuration, refused unless they parse and the key
     belongs to the certificate (checked on the very bytes that are served)."""
@@ -407,14 +399,18 @@ def mutual_tls(
     `reloaded` hears each outcome ("reloaded", "refused"), e.g. for metrics.
     """
     files = (cert, key, ca)
-    seen = [_stamp(files)]
+
+    def stamp() -> tuple[tuple[int, int, int] | None, ...]:
+        return tuple(file_stamp(f) for f in files)
+
+    seen = [stamp()]
 
     def fetch() -> grpc.ServerCertificateConfiguration | None:
         try:
-            stamp = _stamp(files)
-            if stamp == seen[0]:
+            now = stamp()
+            if now == seen[0]:
                 return None
-            seen[0] = stamp
+            seen[0] = now
             config = _certificates(cert, key, ca)
         except (OSError, ssl.SSLError, ValueError) as exc:
             log().warning("extproc_tls_not_reloaded", error=type(exc).__name__, detail=str(exc)[:200])

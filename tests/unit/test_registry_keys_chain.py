@@ -157,8 +157,8 @@ async def test_expired_and_disabled_keys_are_refused_by_id(tmp_path: Path) -> No
         [v] = ctx.verdicts
         assert v.detail == f"key={'old' if key == old else 'k-off'},{code.split('_')[0]}"
     # Expiry is read at each request: the same store refuses a key once its time has come.
-    assert store.refusal(live, time.time()) is None
-    assert store.refusal(live, store.expires[digest(live)]) == "expired"
+    assert store.check(live, time.time())[1] is None
+    assert store.check(live, store.expires[digest(live)])[1] == "expired"
     assert store.expiring(time.time(), 14 * 86400) == {
         "expired": ["old"],
         "expiring": [],
