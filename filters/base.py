@@ -49,6 +49,8 @@ class Deny:
     status: int
     code: str
     message: str
+    # Extra response headers (e.g. a 429's retry-after); never any request text.
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,7 @@ _BUILTIN_MODULES = (
     "filters.pii",
     "filters.prompt_injection",
     "filters.risk",
+    "filters.quota",
     "filters.audit",
 )
 

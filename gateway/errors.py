@@ -41,6 +41,9 @@ class ErrorCode(StrEnum):
     RISK_UNAVAILABLE = "risk_unavailable"
     REGISTRY_UNAVAILABLE = "registry_unavailable"
     USER_UNDER_REVIEW = "user_under_review"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+    TOKEN_QUOTA_EXCEEDED = "token_quota_exceeded"  # noqa: S105 - an error code, not a secret
+    QUOTA_UNAVAILABLE = "quota_unavailable"
 
 
 _OPENAI_TYPE = {
@@ -51,6 +54,7 @@ _OPENAI_TYPE = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    429: "rate_limit_error",
 }
 
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from filters.base import Decision, Filter, Phase, Principal, RequestContext, Verdict
+from filters.base import BaseFilter, Decision, Filter, Phase, Principal, RequestContext, Verdict
 from filters.chain import (
     BuildEnv,
     Chain,
@@ -244,7 +244,7 @@ class ScopedFilter:
         """The override that serves a request of subject `s` (None: the chain entry's parameters)."""
         return next((o for o in self.overrides if o.matches(s)), None)
 
-    def _serving(self, ctx: RequestContext) -> Filter:
+    def _serving(self, ctx: RequestContext, phase: Phase) -> Filter:
         chosen = ctx.state.get(self._key)
         if chosen is None:
             o = self.pick(request_subject(ctx))
@@ -253,34 +253,47 @@ class ScopedFilter:
                 chosen = o.variant
                 ctx.verdicts.append(Verdict(self.name, "override", "apply", 0.0, o.override.name))
             ctx.state[self._key] = chosen
-        return cast("Filter", chosen)
+        f = cast("Filter", chosen)
+        # Its variants may take more phases than the chosen one does: those are not its.
+        return f if f.phases & phase else _IDLE
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
-        return await self._serving(ctx).on_request_headers(ctx)
+        return await self._serving(ctx, Phase.REQUEST_HEADERS).on_request_headers(ctx)
 
     async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
-        return await self._serving(ctx).on_request_body(ctx, body)
+        return await self._serving(ctx, Phase.REQUEST_BODY).on_request_body(ctx, body)
 
     async def on_response_headers(self, ctx: RequestContext) -> Decision:
-        return await self._serving(ctx).on_response_headers(ctx)
+        return await self._serving(ctx, Phase.RESPONSE_HEADERS).on_response_headers(ctx)
 
     async def on_response_chunk(self, ctx: RequestContext, chunk: bytes, end: bool) -> Decision:
-        return await self._serving(ctx).on_response_chunk(ctx, chunk, end)
+        return await self._serving(ctx, Phase.RESPONSE_BODY).on_response_chunk(ctx, chunk, end)
 
     async def on_settle(self, ctx: RequestContext) -> Decision:
-        return await self._serving(ctx).on_settle(ctx)
+        return await self._serving(ctx, Phase.SETTLE).on_settle(ctx)
 
     async def on_end(self, ctx: RequestContext) -> None:
         chosen = ctx.state.get(self._key)
         await cast("Filter", chosen if chosen is not None else self.base).on_end(ctx)
 
 
+_IDLE: Filter = BaseFilter()  # continues in every phase
+
+
 def scoped(base: Filter, overrides: Sequence[CompiledOverride]) -> Filter:
-    """`base` wrapped so that `overrides` pick its parameters per request (its name, phases, needs)."""
+    """`base` wrapped so that `overrides` pick its parameters per request (its name and needs).
+
+    It takes every phase that any of its variants takes (a quota override with a token limit
+    reads answers though the chain entry's does not); a variant is called only in its own.
+    """
+    phases, on_behalf = base.phases, base.on_behalf
+    for o in overrides:
+        phases |= o.variant.phases
+        on_behalf &= o.variant.on_behalf
     cls = type(
         f"Scoped_{base.name}",
         (ScopedFilter,),
-        {"name": base.name, "phases": base.phases, "on_behalf": base.on_behalf, "needs": base.needs},
+        {"name": base.name, "phases": phases, "on_behalf": on_behalf, "needs": base.needs},
     )
     wrapped: Filter = cls(base, overrides)
     return wrapped
@@ -657,8 +670,22 @@ def _overrides(  # noqa: PLR0917 - one internal helper of compile_policy
     for i, o in enumerate(spec.overrides):
         when = _expand(o.when, spec.lists, marks, source, ("overrides", i, "when"), problems) or {}
         unless = _expand(o.unless, spec.lists, marks, source, ("overrides", i, "unless"), problems)
-        if i in variants:
-            out.append(CompiledOverride(when, unless, o, variants[i]))
+        if i not in variants:
+            continue
+        missing = [n for n in variants[i].needs if n not in names[: names.index(o.filter)]]
+        if missing:
+            problems.append(
+                at(
+                    marks,
+                    source,
+                    ("overrides", i, "params"),
+                    f"with these parameters {o.filter!r} needs {', '.join(map(repr, missing))} earlier "
+                    "in the chain",
+                    "add it to the chain before this filter, or change the override's parameters",
+                )
+            )
+            continue
+        out.append(CompiledOverride(when, unless, o, variants[i]))
     return out
 
 

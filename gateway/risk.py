@@ -21,6 +21,8 @@ from urllib.parse import quote
 
 import redis.asyncio as aioredis
 
+from gateway import _redis
+
 # KEYS: events, graph, review. ARGV: window ms, threshold, escalation reason ('' for none),
 # request id, number of events, then (member, kind, model) per event.
 _RECORD = """
@@ -78,10 +80,7 @@ class RiskStore:
     @classmethod
     def from_url(cls, url: str, prefix: str, timeout_s: float) -> RiskStore:
         """A store on a connection pool (connections are made on first use)."""
-        client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
-        )
-        return cls(client, prefix)
+        return cls(_redis.client(url, timeout_s), prefix)
 
     def keys(self, tenant: str, user: str) -> tuple[str, str, str]:
         """events, graph and review keys of one user (names quoted: no ':' or braces inside)."""

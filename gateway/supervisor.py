@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,7 +183,7 @@ class Gateway:
             parts["envoy"] = self.envoy.alive and self.envoy_ready()
         for p, port in zip(self.workers, s.worker_ports, strict=True):
             parts[f"worker:{port}"] = p.alive and port_open(_connectable(s.worker_host), port)
-        if self.policy is not None and "risk" in self.policy.current.chain.names:
+        if self.policy is not None and _redis_filters(self.policy.current.chain.names):
             parts["redis"] = redis_ok(s.redis_url)
         return parts
 
@@ -279,6 +279,11 @@ def admin_app(gw: Gateway) -> web.Application:
     return app
 
 
+def _redis_filters(names: Sequence[str]) -> list[str]:
+    """The chain's filters that keep their state in Redis."""
+    return [n for n in ("risk", "quota") if n in names]
+
+
 def _banner(s: Settings, demo: bool) -> str:
     base = f"{s.scheme}://{s.listen_address}:{s.listen_port}"
     lines = [
@@ -328,14 +333,16 @@ async def _run(gw: Gateway, demo: bool, on_ready: Callable[[], None]) -> int:
         loop.add_signal_handler(sig, stop.set)
     on_ready()
     print(_banner(s, demo), flush=True)
-    if gw.policy is not None and "risk" in gw.policy.current.chain.names and not redis_ok(s.redis_url):
+    users = _redis_filters(gw.policy.current.chain.names) if gw.policy is not None else []
+    if gw.policy is not None and users and not redis_ok(s.redis_url):
         mode = (
             "let through, flagged"
             if gw.policy.current.fails_open("redis")
-            else "refused (503 risk_unavailable)"
+            else f"refused (503 {' or '.join(f'{u}_unavailable' for u in users)})"
         )
         print(
-            f"WARNING: the policy counts risk in Redis at {s.redis_url}, which does not answer: requests "
+            f"WARNING: the policy's {' and '.join(users)} filter(s) keep their counts in Redis at "
+            f"{s.redis_url}, which does not answer: requests "
             f"are {mode} until it does (set ZTGATE_REDIS_URL, or start redis-server)",
             file=sys.stderr,
             flush=True,

@@ -107,10 +107,11 @@ def immediate(decision: Deny | Respond, request_id: str, kserve: bool) -> Messag
     else:
         status, details, body, ctype = decision.status, "ztgate_respond", decision.body, decision.content_type
     ir = pb.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status), body=body, details=details)
-    ir.headers.set_headers.append(
-        base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key="content-type", raw_value=ctype.encode()),
-            append_action=_OVERWRITE,
+    extra = decision.headers if isinstance(decision, Deny) else ()
+    for k, v in (("content-type", ctype), *extra):
+        ir.headers.set_headers.append(
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+            )
         )
-    )
     return pb.ProcessingResponse(immediate_response=ir)

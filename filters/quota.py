@@ -1,0 +1,223 @@
+"""Request-rate and token quotas per user, tenant or API key, across replicas (gateway.quota).
+
+At request headers, before anything is parsed or forwarded, the request is checked against every
+limit: a request limit with no room left, or a token limit used up, refuses it with 429 (OpenAI's
+`rate_limit_exceeded` / `token_quota_exceeded` shape, or KServe's), a `retry-after` header in
+seconds and `retry-after-ms` (which the `openai` SDK honours when it retries). An admitted request
+is counted in every request limit at once.
+
+Token limits count each forwarded request's tokens when it ends: the answer's `usage.total_tokens`
+(OpenAI answers, and streams with `stream_options.include_usage`), else an estimate of its prompt
+and answer text (UTF-8 bytes / 4, rounded up; a KServe answer, a stream without usage). A chain
+with a token limit therefore reads answers (4 phases); one with request limits only reads request
+headers.
+
+Redis down or slow: `fail_mode.redis` decides, `deny` (503 quota_unavailable, the default) or
+`allow_with_flag`. In `monitor` mode a request over a limit goes through with a `monitor:deny`
+verdict (so a new limit can be tried in shadow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from filters.base import (
+    CONTINUE,
+    BaseFilter,
+    Decision,
+    Deny,
+    Phase,
+    Principal,
+    RequestContext,
+    Verdict,
+    fail_mode,
+)
+from filters.chain import BuildEnv, register
+from gateway.errors import ErrorCode
+from gateway.observability import log
+from gateway.quota import Admission, Per, QuotaStore, Window
+
+
+class Limit(BaseModel):
+    """One limit: at most `requests` requests, or `tokens` tokens, per subject in `window_s`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$",
+        description="Names the counter (an override that changes the numbers keeps counting in it) "
+        "and is told to the client whose request it refuses.",
+    )
+    per: Per = Field(
+        default="user", description="Whose counter: each user (of a tenant), each tenant, or each API key."
+    )
+    requests: int | None = Field(
+        default=None, ge=1, le=100_000, description="Requests admitted in the window (give this or tokens)."
+    )
+    tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**12,
+        description="Tokens (prompt and answer) used in the window, after which requests are refused "
+        "until it slides (give this or requests).",
+    )
+    window_s: int = Field(ge=1, le=31 * 86400, description="Sliding window, seconds.")
+
+    @model_validator(mode="after")
+    def _one_measure(self) -> Self:
+        if (self.requests is None) == (self.tokens is None):
+            raise ValueError("give exactly one of requests or tokens")
+        return self
+
+
+class QuotaParams(BaseModel):
+    """Parameters of the quota filter."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    limits: list[Limit] = Field(min_length=1, max_length=16, description="The limits; every one applies.")
+    mode: Literal["enforce", "monitor"] = Field(
+        default="enforce", description="monitor: count, and let requests over a limit through, marked."
+    )
+    timeout_s: float = Field(default=0.25, gt=0.0, le=5.0, description="Time budget of one Redis call.")
+
+    @model_validator(mode="after")
+    def _unique(self) -> Self:
+        names = [lim.name for lim in self.limits]
+        if len(set(names)) != len(names):
+            raise ValueError(f"limit names must be unique: {', '.join(sorted(names))}")
+        return self
+
+
+_UNAVAILABLE = Deny(503, ErrorCode.QUOTA_UNAVAILABLE, "the quota service is unavailable; try again later")
+
+
+class Quota(BaseFilter):
+    """Refuse requests over their request limits (request limits only: one phase)."""
+
+    name: ClassVar[str] = "quota"
+    phases: ClassVar[Phase] = Phase.REQUEST_HEADERS
+    needs: ClassVar[tuple[str, ...]] = ("principal",)
+
+    def __init__(self, store: QuotaStore, params: QuotaParams) -> None:
+        self.store = store
+        self.params = params
+        self.requests = [lim for lim in params.limits if lim.requests is not None]
+        self.tokens = [lim for lim in params.limits if lim.tokens is not None]
+
+    def windows(self, who: Principal, limits: list[Limit]) -> list[Window]:
+        """The counters of `who` for `limits`."""
+        out = []
+        for lim in limits:
+            kind: Literal["requests", "tokens"] = "requests" if lim.requests is not None else "tokens"
+            subject = {"user": who.user, "tenant": who.tenant, "key": who.key_id}[lim.per]
+            limit = lim.requests if lim.requests is not None else lim.tokens
+            assert limit is not None  # noqa: S101 - Limit checks that one is given
+            out.append(
+                Window(self.store.key(who.tenant, lim.per, subject, lim.name, kind), limit, lim.window_s)
+            )
+        return out
+
+    async def on_request_headers(self, ctx: RequestContext) -> Decision:
+        who = ctx.principal
+        if who is None:
+            return CONTINUE
+        try:
+            async with asyncio.timeout(self.params.timeout_s):
+                if self.tokens:
+                    used = await self.store.check_tokens(self.windows(who, self.tokens))
+                    if used.refused_by is not None:
+                        return self._refuse(ctx, self.tokens[used.refused_by], used)
+                if not self.requests:
+                    return CONTINUE
+                admitted = await self.store.admit(self.windows(who, self.requests))
+        except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
+            return fail_mode(ctx, self.name, "redis", type(exc).__name__, _UNAVAILABLE)
+        if admitted.refused_by is not None:
+            return self._refuse(ctx, self.requests[admitted.refused_by], admitted)
+        detail = ",".join(
+            f"{lim.name}={n}/{lim.requests}" for lim, n in zip(self.requests, admitted.counts, strict=True)
+        )
+        ctx.verdicts.append(Verdict(self.name, "admit", "count", 0.0, detail))
+        return CONTINUE
+
+    def _refuse(self, ctx: RequestContext, lim: Limit, a: Admission) -> Decision:
+        retry_s = math.ceil(a.retry_after_ms / 1000)
+        detail = f"limit={lim.name},retry_after_ms={a.retry_after_ms}"
+        if self.params.mode == "monitor":
+            ctx.verdicts.append(Verdict(self.name, "admit", "monitor:deny", 0.0, detail))
+            return CONTINUE
+        ctx.verdicts.append(Verdict(self.name, "admit", "deny", 0.0, detail))
+        kind = "requests" if lim.requests is not None else "tokens"
+        headers = (
+            ("retry-after", str(retry_s)),
+            ("retry-after-ms", str(a.retry_after_ms)),
+            (f"x-ratelimit-limit-{kind}", str(lim.requests or lim.tokens)),
+            (f"x-ratelimit-remaining-{kind}", "0"),
+        )
+        if kind == "requests":
+            return Deny(
+                429,
+                ErrorCode.RATE_LIMIT_EXCEEDED,
+                f"rate limit {lim.name!r} reached ({lim.requests} requests per {lim.window_s} s); "
+                f"retry in {retry_s} s",
+                headers,
+            )
+        return Deny(
+            429,
+            ErrorCode.TOKEN_QUOTA_EXCEEDED,
+            f"token quota {lim.name!r} used up ({lim.tokens} tokens per {lim.window_s} s); retry in {retry_s} s",
+            headers,
+        )
+
+
+class TokenQuota(Quota):
+    """Request and token limits: also reads the answer, and counts its tokens at SETTLE."""
+
+    phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.RESPONSE_BODY | Phase.SETTLE
+    needs: ClassVar[tuple[str, ...]] = ("principal", "protocol")
+
+    async def on_settle(self, ctx: RequestContext) -> Decision:
+        who = ctx.principal
+        if who is None or ctx.answer is None:  # never forwarded: no tokens used
+            return CONTINUE
+        tokens, source = used_tokens(ctx)
+        try:
+            async with asyncio.timeout(self.params.timeout_s):
+                await self.store.add_tokens(self.windows(who, self.tokens), tokens)
+        except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
+            log().error("quota_tokens_not_recorded", request_id=ctx.request_id, tokens=tokens)
+            return fail_mode(ctx, self.name, "redis", type(exc).__name__, _UNAVAILABLE)
+        ctx.verdicts.append(Verdict(self.name, "tokens", "count", 0.0, f"tokens={tokens},source={source}"))
+        return CONTINUE
+
+
+def used_tokens(ctx: RequestContext) -> tuple[int, str]:
+    """The request's tokens: the answer's usage if it says, else an estimate from the text."""
+    usage = ctx.answer.usage if ctx.answer is not None else None
+    if usage is not None:
+        total = usage.get("total_tokens")
+        if not isinstance(total, int) or isinstance(total, bool):
+            parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
+            ints = [p for p in parts if isinstance(p, int) and not isinstance(p, bool)]
+            total = sum(ints) if ints else None
+        if total is not None and total >= 0:
+            return total, "usage"
+    size = len(ctx.prompt.text.encode()) if ctx.prompt is not None else 0
+    if ctx.answer is not None:
+        size += sum(len(ctx.answer.text(i).encode()) for i in ctx.answer.choices)
+    return math.ceil(size / 4), "estimate"
+
+
+@register("quota", QuotaParams)
+def _build(env: BuildEnv, params: QuotaParams) -> Quota:
+    s = env.settings
+    # One pool per process and timeout, shared by every policy revision's chain.
+    store = env.engine(
+        f"quota:{params.timeout_s}",
+        lambda: QuotaStore.from_url(s.redis_url, s.redis_prefix, params.timeout_s),
+    )
+    cls = TokenQuota if any(lim.tokens is not None for lim in params.limits) else Quota
+    return cls(store, params)

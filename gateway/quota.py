@@ -1,0 +1,193 @@
+"""Request-rate and token quotas in Redis, shared by every gateway replica.
+
+One key per limit and subject (a user, a tenant or an API key), all of a tenant's in one hash
+slot (the braces), so one script can check a request against every limit that applies to it:
+- `<prefix>quota:{<tenant>}:<per>:<who>:<limit>:requests`: a sorted set, one member per admitted
+  request, scored by Redis server time (ms): an exact sliding window, the same on every replica
+  whatever their clocks say;
+- `…:<limit>:tokens`: a hash of tokens used per slice of the window (a sixtieth of it, at least
+  1 ms), so the window slides a slice at a time (tokens leave it up to one slice early) and the
+  check reads at most 61 fields.
+
+A request is admitted only if every request limit has room; then it is counted in all of them
+at once (a refused request counts nowhere, so a client retrying early does not push its own
+window on). Token limits admit a request while the window's tokens are under the limit and count
+its tokens when it ends, so the last admitted request may go over.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+import redis.asyncio as aioredis
+
+from gateway import _redis
+
+Per = Literal["user", "tenant", "key"]
+
+# KEYS: one sorted set per request limit. ARGV[1]: the request's member; then (window ms, limit)
+# per key. Returns {0, count after, ...} when admitted, or {i, ms until the i-th limit has room}.
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local counts = {0}
+for i, key in ipairs(KEYS) do
+  local window = tonumber(ARGV[2 * i])
+  local limit = tonumber(ARGV[2 * i + 1])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  local n = redis.call('ZCARD', key)
+  if n >= limit then
+    -- room comes when the (n - limit + 1)-th oldest leaves the window
+    local at = redis.call('ZRANGE', key, n - limit, n - limit, 'WITHSCORES')
+    return {i, math.max(1, tonumber(at[2]) + window - now)}
+  end
+  counts[i + 1] = n + 1
+end
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, now, ARGV[1])
+  redis.call('PEXPIRE', key, tonumber(ARGV[2 * i]))
+end
+return counts
+"""
+
+# KEYS: one hash per token limit. ARGV: (window ms, slice ms, limit) per key. Drops slices that
+# left the window; returns {0, used, ...} or {i, ms until the i-th limit is under its tokens}.
+_CHECK_TOKENS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local used = {0}
+for i, key in ipairs(KEYS) do
+  local window = tonumber(ARGV[3 * i - 2])
+  local slice = tonumber(ARGV[3 * i - 1])
+  local limit = tonumber(ARGV[3 * i])
+  local first = math.floor((now - window) / slice) + 1
+  local slices = {}
+  local sum = 0
+  local all = redis.call('HGETALL', key)
+  for j = 1, #all, 2 do
+    local s = tonumber(all[j])
+    if s < first then
+      redis.call('HDEL', key, all[j])
+    else
+      local n = tonumber(all[j + 1])
+      sum = sum + n
+      slices[#slices + 1] = {s, n}
+    end
+  end
+  if sum >= limit then
+    table.sort(slices, function(a, b) return a[1] < b[1] end)
+    for _, sn in ipairs(slices) do
+      sum = sum - sn[2]
+      if sum < limit then
+        return {i, math.max(1, sn[1] * slice + window - now)}
+      end
+    end
+  end
+  used[i + 1] = sum
+end
+return used
+"""
+
+# KEYS: one hash per token limit. ARGV[1]: tokens; then (window ms, slice ms) per key.
+_ADD_TOKENS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  local window = tonumber(ARGV[2 * i])
+  local slice = tonumber(ARGV[2 * i + 1])
+  redis.call('HINCRBY', key, tostring(math.floor(now / slice)), n)
+  redis.call('PEXPIRE', key, window + slice)
+end
+return n
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One limit as the store applies it: which subject's counter, how many in how long."""
+
+    key: str  # the counter's Redis key (QuotaStore.key)
+    limit: int
+    window_s: int
+
+    @property
+    def window_ms(self) -> int:
+        """The window in milliseconds."""
+        return self.window_s * 1000
+
+    @property
+    def slice_ms(self) -> int:
+        """Token windows slide a sixtieth of the window at a time."""
+        return max(1, self.window_ms // 60)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A check's result: admitted with each window's count, or refused by one window."""
+
+    refused_by: int | None  # index of the window that refused, None if admitted
+    retry_after_ms: int  # until that window has room (0 when admitted)
+    counts: tuple[int, ...]  # per window: requests counted or tokens used (admitted only)
+
+
+class QuotaStore:
+    """Every subject's quota counters, in one Redis."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._admit = client.register_script(_ADMIT)
+        self._check_tokens = client.register_script(_CHECK_TOKENS)
+        self._add_tokens = client.register_script(_ADD_TOKENS)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str, timeout_s: float) -> QuotaStore:
+        """A store on a connection pool (connections are made on first use)."""
+        return cls(_redis.client(url, timeout_s), prefix)
+
+    def key(self, tenant: str, per: Per, who: str, limit: str, kind: Literal["requests", "tokens"]) -> str:
+        """The counter of one limit for one subject (names quoted: no ':' or braces inside)."""
+        subject = "" if per == "tenant" else f"{quote(who, safe='')}:"
+        return (
+            f"{self.prefix}quota:{{{quote(tenant, safe='')}}}:{per}:{subject}{quote(limit, safe='')}:{kind}"
+        )
+
+    async def admit(self, windows: list[Window]) -> Admission:
+        """Count one request in every window if all have room; else say which refused and when."""
+        args: list[Any] = [secrets.token_hex(8)]  # unique member: a client cannot make requests collide
+        for w in windows:
+            args += [w.window_ms, w.limit]
+        return _admission(await self._admit(keys=[w.key for w in windows], args=args))
+
+    async def check_tokens(self, windows: list[Window]) -> Admission:
+        """Is every token window under its limit? (Nothing is counted.)"""
+        args: list[Any] = []
+        for w in windows:
+            args += [w.window_ms, w.slice_ms, w.limit]
+        return _admission(await self._check_tokens(keys=[w.key for w in windows], args=args))
+
+    async def add_tokens(self, windows: list[Window], tokens: int) -> None:
+        """Count `tokens` in every window."""
+        args: list[Any] = [tokens]
+        for w in windows:
+            args += [w.window_ms, w.slice_ms]
+        await self._add_tokens(keys=[w.key for w in windows], args=args)
+
+    async def ping(self) -> bool:
+        """Redis answers."""
+        return bool(await self.client.ping())
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self.client.aclose()
+
+
+def _admission(reply: list[Any]) -> Admission:
+    first = int(reply[0])
+    if first:
+        return Admission(first - 1, int(reply[1]), ())
+    return Admission(None, 0, tuple(int(c) for c in reply[1:]))

@@ -1,0 +1,253 @@
+"""Request-rate and token quotas through the real gateway: two workers, one Redis, the `openai` SDK.
+
+What is proved is what the client got (status, error shape, retry headers), what reached the
+upstream, and what the audit record says, with the count shared by both workers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.procs import free_port
+from tests.harness import (
+    KEY,
+    OTHER_TENANT_KEY,
+    GatewayEnv,
+    ScriptedUpstream,
+    chat_registry,
+    json_answer,
+    running,
+    streamed,
+)
+
+pytestmark = pytest.mark.dataplane
+
+POLICY = """\
+version: 1
+chain:
+  - filter: principal
+  - filter: protocol
+  - filter: quota
+    limits:
+{limits}
+  - filter: route
+  - filter: audit
+default_action: allow
+fail_mode: {{redis: {redis_mode}}}
+"""
+
+
+def _answer(total_tokens: int | None) -> Any:
+    doc: dict[str, Any] = {
+        "id": "x", "object": "chat.completion", "created": 0, "model": "chat",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    }  # fmt: skip
+    if total_tokens is not None:
+        doc["usage"] = {
+            "prompt_tokens": total_tokens - 1,
+            "completion_tokens": 1,
+            "total_tokens": total_tokens,
+        }
+    return json_answer(doc)
+
+
+@pytest.fixture(scope="module")
+def up() -> Iterator[ScriptedUpstream]:
+    u = ScriptedUpstream("openai").start()
+    u.handler = lambda _r: _answer(20)
+    yield u
+    u.stop()
+
+
+def _gateway(tmp: Path, port: int, limits: str, redis_mode: str = "deny", **env: str) -> Any:
+    tmp.mkdir(exist_ok=True)
+    pol = tmp / "policy.yaml"
+    pol.write_text(POLICY.format(limits=limits, redis_mode=redis_mode))
+    return running(tmp / "gw", chat_registry(port), env={"ZTGATE_POLICY_FILE": str(pol), **env})
+
+
+def _client(env: GatewayEnv, key: str = KEY, retries: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{env.url}/v1", api_key=key, max_retries=retries, timeout=10)
+
+
+def _ask(client: openai.OpenAI) -> str:
+    r = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hello"}])
+    return r.choices[0].message.content or ""
+
+
+def test_requests_over_a_user_limit_are_refused_with_retry_after_on_every_worker(
+    tmp_path: Path, up: ScriptedUpstream
+) -> None:
+    limits = "      - {name: per-user-minute, per: user, requests: 3, window_s: 60}"
+    with _gateway(tmp_path, up.port, limits) as env:
+        up.requests.clear()
+        alice = _client(env)
+        assert [_ask(alice) for _ in range(3)] == ["ok"] * 3  # Envoy spreads them over both workers
+        with pytest.raises(openai.RateLimitError) as info:
+            _ask(alice)
+        resp = info.value.response
+        err = resp.json()["error"]
+        assert resp.status_code == 429 and err["code"] == "rate_limit_exceeded", resp.text
+        assert err["type"] == "rate_limit_error"
+        assert err["message"].startswith("rate limit 'per-user-minute' reached (3 requests per 60 s)")
+        assert 1 <= int(resp.headers["retry-after"]) <= 60
+        assert 0 < int(resp.headers["retry-after-ms"]) <= 60_000
+        assert resp.headers["x-ratelimit-limit-requests"] == "3"
+        assert resp.headers["x-ratelimit-remaining-requests"] == "0"
+        assert len(up.requests) == 3  # the refused one never reached the model
+        refused = env.audit_for(resp.headers["x-request-id"])
+        assert refused["decision"]["outcome"] == "denied"
+        (v,) = [
+            v for v in refused["decision"]["verdicts"] if v["filter"] == "quota" and v["phase"] == "admit"
+        ]
+        assert v["action"] == "deny" and v["detail"].startswith("limit=per-user-minute,retry_after_ms=")
+        # Another user's counter is their own; the refused user stays refused (a refusal is not
+        # counted, so retrying early does not push the window on, and does not free it either).
+        assert _ask(_client(env, OTHER_TENANT_KEY)) == "ok"
+        with pytest.raises(openai.RateLimitError):
+            _ask(alice)
+        admitted = [
+            r
+            for r in env.audit()
+            if r["decision"]["outcome"] == "allowed" and r["principal"]["tenant"] == "acme"
+        ]
+        details = sorted(
+            v["detail"]
+            for r in admitted
+            for v in r["decision"]["verdicts"]
+            if (v["filter"], v["phase"]) == ("quota", "admit")
+        )
+        assert details == [f"per-user-minute={n}/3" for n in (1, 2, 3)]
+
+
+def test_the_openai_sdk_waits_out_retry_after_and_gets_through(tmp_path: Path, up: ScriptedUpstream) -> None:
+    limits = "      - {name: burst, per: key, requests: 1, window_s: 2}"
+    with _gateway(tmp_path, up.port, limits) as env:
+        up.requests.clear()
+        client = _client(env, retries=2)
+        assert _ask(client) == "ok"
+        started = time.monotonic()
+        assert _ask(client) == "ok"  # refused once, retried after retry-after-ms by the SDK itself
+        waited = time.monotonic() - started
+        assert 0.5 < waited < 6, waited
+        assert len(up.requests) == 2
+        refusals = [r for r in env.audit() if r["decision"]["outcome"] == "denied"]
+        assert len(refusals) >= 1 and all(r["decision"]["status"] == 429 for r in refusals)
+
+
+def test_a_tenant_token_quota_counts_usage_and_estimates_streams_without_it(
+    tmp_path: Path, up: ScriptedUpstream
+) -> None:
+    # Each whole answer reports 20 tokens; globex may use 50 per minute, across its users.
+    limits = "      - {name: tenant-tokens, per: tenant, tokens: 50, window_s: 60}"
+    with _gateway(tmp_path, up.port, limits) as env:
+        up.requests.clear()
+        globex = _client(env, OTHER_TENANT_KEY)
+        assert [_ask(globex) for _ in range(2)] == ["ok", "ok"]  # 0, then 20 used: under 50
+        # a stream without usage: its tokens are estimated from the prompt and the answer text
+        up.handler = lambda _r: streamed(
+            [
+                b'data: {"id":"x","object":"chat.completion.chunk","created":0,"model":"chat",'
+                b'"choices":[{"index":0,"delta":{"content":"' + b"y" * 40 + b'"},"finish_reason":null}]}\n\n',
+                b"data: [DONE]\n\n",
+            ]
+        )
+        try:
+            stream = globex.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "hello"}], stream=True
+            )
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "y" * 40
+        finally:
+            up.handler = lambda _r: _answer(20)
+        with pytest.raises(openai.RateLimitError) as info:
+            _ask(globex)  # 20 + 20 + 12 = 52 used: over 50
+        resp = info.value.response
+        assert resp.json()["error"]["code"] == "token_quota_exceeded", resp.text
+        assert resp.headers["x-ratelimit-limit-tokens"] == "50"
+        assert len(up.requests) == 3
+        counted = sorted(
+            v["detail"]
+            for r in env.audit()
+            for v in r["decision"]["verdicts"]
+            if v["filter"] == "quota" and v["phase"] == "tokens"
+        )
+        # "hello" (5 bytes) + 40 bytes of answer = 45 bytes: 12 tokens estimated
+        assert counted == ["tokens=12,source=estimate", "tokens=20,source=usage", "tokens=20,source=usage"]
+        assert _ask(_client(env, KEY)) == "ok"  # acme's quota is its own
+
+
+def test_redis_down_refuses_by_default_and_flags_when_the_policy_says_so(
+    tmp_path: Path, up: ScriptedUpstream
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    limits = "      - {name: per-user, requests: 100, window_s: 60}"
+    with _gateway(tmp_path / "deny", up.port, limits, ZTGATE_REDIS_URL=dead) as env:
+        up.requests.clear()
+        r = httpx.post(
+            f"{env.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {KEY}"},
+            json={"model": "chat", "messages": [{"role": "user", "content": "hello"}]},
+            timeout=10,
+        )
+        assert r.status_code == 503 and r.json()["error"]["code"] == "quota_unavailable", r.text
+        assert up.requests == []
+    with _gateway(tmp_path / "flag", up.port, limits, "allow_with_flag", ZTGATE_REDIS_URL=dead) as env:
+        r = httpx.post(
+            f"{env.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {KEY}"},
+            json={"model": "chat", "messages": [{"role": "user", "content": "hello"}]},
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+        modes = env.audit_for(r.headers["x-request-id"])["decision"]["fail_modes"]
+        assert modes == [{"dependency": "redis", "mode": "allow_with_flag", "why": "ConnectionError"}]
+
+
+def test_an_override_gives_one_tenant_a_token_quota_the_chain_entry_does_not_have(
+    tmp_path: Path, up: ScriptedUpstream
+) -> None:
+    # The chain entry has a request limit only (it would not read answers); globex's override
+    # adds a token quota, so for globex's requests, and only theirs, answers are read and counted.
+    overrides = """\
+overrides:
+  - name: globex-tokens
+    when: {tenant: [globex]}
+    filter: quota
+    params:
+      limits:
+        - {name: per-user, requests: 100, window_s: 60}
+        - {name: tpm, per: tenant, tokens: 30, window_s: 60}
+"""
+    limits = "      - {name: per-user, requests: 100, window_s: 60}"
+    tmp_path.joinpath("policy.yaml").write_text(POLICY.format(limits=limits, redis_mode="deny") + overrides)
+    pol = {"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}
+    with running(tmp_path / "gw", chat_registry(up.port), env=pol) as env:
+        up.requests.clear()
+        globex = _client(env, OTHER_TENANT_KEY)
+        assert [_ask(globex) for _ in range(2)] == ["ok", "ok"]  # 0, then 20 tokens used
+        with pytest.raises(openai.RateLimitError) as info:
+            _ask(globex)  # 40 used: over 30
+        assert info.value.response.json()["error"]["code"] == "token_quota_exceeded"
+        alice = _client(env)
+        assert [_ask(alice) for _ in range(3)] == ["ok"] * 3
+        assert len(up.requests) == 5
+        acme = [r for r in env.audit() if r["principal"]["tenant"] == "acme"]
+        assert len(acme) == 3
+        assert not [
+            v for r in acme for v in r["decision"]["verdicts"] if v["phase"] in ("tokens", "override")
+        ]
+        globex_tokens = [
+            v["detail"]
+            for r in env.audit()
+            if r["principal"]["tenant"] == "globex"
+            for v in r["decision"]["verdicts"]
+            if v["filter"] == "quota" and v["phase"] == "tokens"
+        ]
+        assert globex_tokens == ["tokens=20,source=usage"] * 2

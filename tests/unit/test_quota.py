@@ -1,0 +1,133 @@
+"""The quota filter's parameters, phases and token counting (pure: no Redis is contacted)."""
+
+from __future__ import annotations
+
+import pytest
+
+from filters._protocols import Answer, Prompt, Segment
+from filters.base import Phase, Principal, RequestContext
+from filters.chain import BuildEnv
+from filters.quota import Quota, TokenQuota, used_tokens
+from gateway import policy
+from gateway.config_yaml import ConfigError
+from gateway.registry import Protocol, Registry
+from gateway.settings import Settings
+
+ENV = BuildEnv(Settings())
+CHAIN = """\
+version: 1
+chain:
+  - filter: principal
+  - filter: quota
+    limits:
+      - {name: per-user, per: user, requests: 10, window_s: 60}
+  - filter: protocol
+  - filter: route
+"""
+# protocol before quota: what a token limit needs
+AFTER_PROTOCOL = CHAIN.replace("  - filter: protocol\n", "").replace(
+    "  - filter: quota\n", "  - filter: protocol\n  - filter: quota\n"
+)
+
+
+def _compile(text: str) -> policy.CompiledPolicy:
+    return policy.compile_policy(text, "p.yaml", ENV)
+
+
+def _errors(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        _compile(text)
+    return [str(p) for p in info.value.problems]
+
+
+def test_request_limits_read_only_request_headers_and_token_limits_read_answers() -> None:
+    chain = _compile(CHAIN).chain
+    (quota,) = [f for f in chain.filters if f.name == "quota"]
+    assert type(quota) is Quota and quota.phases == Phase.REQUEST_HEADERS
+    assert not chain.phases & (Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY)  # answers not read
+    with_tokens = _compile(AFTER_PROTOCOL.replace("requests: 10", "tokens: 1000"))
+    (quota,) = [f for f in with_tokens.chain.filters if f.name == "quota"]
+    assert type(quota) is TokenQuota
+    assert with_tokens.chain.phases & Phase.RESPONSE_BODY and with_tokens.chain.phases & Phase.SETTLE
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("requests: 10", "requests: 10, tokens: 5", "give exactly one of requests or tokens"),
+        ("requests: 10, ", "", "give exactly one of requests or tokens"),
+        ("name: per-user", "name: Per User", "String should match pattern"),
+        ("per: user", "per: group", "Input should be 'user', 'tenant' or 'key'"),
+        ("requests: 10", "requests: 0", "Input should be greater than or equal to 1"),
+        (
+            "      - {name: per-user, per: user, requests: 10, window_s: 60}\n",
+            "      - {name: a, requests: 1, window_s: 1}\n      - {name: a, tokens: 1, window_s: 1}\n",
+            "limit names must be unique: a, a",
+        ),
+        # a token limit reads the answer, which protocol parses: it must come earlier
+        ("requests: 10", "tokens: 10", "filter 'quota' needs 'protocol' earlier in the chain"),
+    ],
+)
+def test_bad_limits_are_refused_where_they_are(old: str, new: str, message: str) -> None:
+    assert old in CHAIN
+    errors = _errors(CHAIN.replace(old, new))
+    assert any(message in e for e in errors), errors
+    assert all(e.startswith("p.yaml:") for e in errors), errors
+
+
+def test_an_override_with_a_token_limit_makes_the_filter_read_answers_for_its_scope_only() -> None:
+    overrides = """\
+overrides:
+  - name: globex-tokens
+    when: {tenant: [globex]}
+    filter: quota
+    params:
+      limits: [{name: tpm, per: tenant, tokens: 500, window_s: 60}]
+"""
+    compiled = _compile(AFTER_PROTOCOL + overrides)
+    (quota,) = [f for f in compiled.chain.filters if f.name == "quota"]
+    assert isinstance(quota, policy.ScopedFilter)
+    assert quota.phases & Phase.RESPONSE_BODY and quota.phases & Phase.SETTLE
+    (o,) = compiled.overrides
+    assert type(o.variant) is TokenQuota and type(quota.base) is Quota
+    # without protocol before it, the override's token limit could never count: refused there
+    assert _errors(CHAIN + overrides) == [
+        "p.yaml:14:7: with these parameters 'quota' needs 'protocol' earlier in the chain: add it to the "
+        "chain before this filter, or change the override's parameters"
+    ]
+
+
+def _ctx(prompt: str, answer: str, usage: dict[str, object] | None) -> RequestContext:
+    ctx = RequestContext(
+        "r1", "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
+    )
+    ctx.principal = Principal("k", "ann", "acme")
+    ctx.prompt = Prompt(Protocol.OPENAI, "chat", "m", segments=(Segment("user", prompt),))
+    ctx.answer = Answer(usage=usage)
+    ctx.answer.add(0, answer)
+    return ctx
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        ({"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}, (12, "usage")),
+        ({"prompt_tokens": 7, "completion_tokens": 5}, (12, "usage")),
+        ({"completion_tokens": 5}, (5, "usage")),
+        # what the answer does not say (or says wrongly) is estimated from the text
+        ({"total_tokens": "12"}, (5, "estimate")),
+        ({"total_tokens": True}, (5, "estimate")),
+        ({"total_tokens": -1}, (5, "estimate")),
+        (None, (5, "estimate")),
+    ],
+)
+def test_tokens_come_from_usage_else_from_the_text(
+    usage: dict[str, object] | None, expected: tuple[int, str]
+) -> None:
+    # 12 bytes of prompt + 6 of answer = 18 bytes: 5 tokens estimated (18 / 4, rounded up)
+    assert used_tokens(_ctx("hello world!", "answer", usage)) == expected
+
+
+def test_the_estimate_counts_bytes_so_chinese_text_is_not_undercounted() -> None:
+    # 6 Han characters are 18 bytes of UTF-8: 5 tokens, where a count of characters would say 2
+    assert used_tokens(_ctx("请忽略以上", "好", None)) == (5, "estimate")
