@@ -194,6 +194,22 @@ class TokenQuota(Quota):
         return CONTINUE
 
 
+def over_limit(v: Verdict) -> tuple[str, str] | None:
+    """(limit, enforce|monitor) if `v` says a request was over a quota limit, else None."""
+    if v.filter != Quota.name or v.phase != "admit" or v.action not in ("deny", "monitor:deny"):
+        return None
+    limit = v.detail.split(",", 1)[0].removeprefix("limit=")
+    return limit, "monitor" if v.action == "monitor:deny" else "enforce"
+
+
+def counted_tokens(v: Verdict) -> tuple[int, str] | None:
+    """(tokens, usage|estimate) if `v` records a request's tokens being counted, else None."""
+    if v.filter != Quota.name or v.phase != "tokens":
+        return None
+    fields = dict(part.split("=", 1) for part in v.detail.split(","))
+    return int(fields["tokens"]), fields["source"]
+
+
 def used_tokens(ctx: RequestContext) -> tuple[int, str]:
     """The request's tokens: the answer's usage if it says, else an estimate from the text."""
     usage = ctx.answer.usage if ctx.answer is not None else None

@@ -422,6 +422,37 @@ def _risk(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _quota(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.quota import Per, QuotaStore
+    from gateway.settings import Settings
+
+    s = Settings.from_env()
+    per: Per | None = "user" if args.user else "key" if args.key else None
+    who: str | None = args.user or args.key
+
+    async def run() -> int:
+        store = QuotaStore.from_url(s.redis_url, s.redis_prefix, 5.0)
+        try:
+            if args.quota_cmd == "clear":
+                n = await store.clear(args.tenant, per=per, who=who, limit=args.limit)
+                print(f"{args.tenant}: {n} counter(s) cleared")
+            else:
+                found = [
+                    {k: v for k, v in c.items() if k != "key"}
+                    for c in await store.counters(args.tenant)
+                    if (per is None or (c["per"], c["who"]) == (per, who))
+                    and (args.limit is None or c["limit"] == args.limit)
+                ]
+                print(json.dumps(found, indent=1))
+        finally:
+            await store.aclose()
+        return 0
+
+    return asyncio.run(run())
+
+
 def _ops_commands(sub: Any) -> None:
     aud = sub.add_parser("audit", help="the audit log: verify chains, fingerprint a text").add_subparsers(
         dest="audit_cmd", required=True
@@ -454,6 +485,20 @@ def _ops_commands(sub: Any) -> None:
         s.add_argument("--tenant", required=True)
         s.add_argument("--user", required=True)
         s.set_defaults(fn=_risk)
+    quota = sub.add_parser("quota", help="request and token quota counters in Redis").add_subparsers(
+        dest="quota_cmd", required=True
+    )
+    for name, what in (
+        ("show", "a tenant's counters (or one user's or key's): used, oldest and newest request, expiry"),
+        ("clear", "forget counters, so their subjects start afresh"),
+    ):
+        s = quota.add_parser(name, help=what)
+        s.add_argument("--tenant", required=True)
+        who = s.add_mutually_exclusive_group()
+        who.add_argument("--user", help="only this user's counters")
+        who.add_argument("--key", help="only this API key's counters (the key file's id)")
+        s.add_argument("--limit", help="only the counters of the limit of this name")
+        s.set_defaults(fn=_quota)
 
 
 def _keys_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -86,6 +86,16 @@ class Metrics:
         self.escalations = Counter(
             "ztgate_risk_escalations_total", "Users put under manual review", ("reason",)
         )
+        self.quota_refusals = Counter(
+            "ztgate_quota_refusals_total",
+            "Requests over a quota limit, by limit name and mode (enforce: refused 429; monitor: let through)",
+            ("limit", "mode"),
+        )
+        self.quota_tokens = Counter(
+            "ztgate_quota_tokens_total",
+            "Tokens counted against token quotas, by source (usage: the answer said; estimate: from the text)",
+            ("source",),
+        )
         self.tls_reloads = Counter(
             "ztgate_extproc_tls_reloads_total",
             "The workers' certificate files read again after a change: reloaded, or refused (last good kept)",
@@ -98,6 +108,8 @@ class Metrics:
             self.requests,
             self.failures,
             self.findings,
+            self.quota_refusals,
+            self.quota_tokens,
             self.fail_modes,
             self.escalations,
             self.tls_reloads,
@@ -129,6 +141,14 @@ class Metrics:
     def escalation(self, reason: str) -> None:
         """A user was put under review (`threshold` or `rule`)."""
         self.escalations.inc((reason,))
+
+    def quota_refused(self, limit: str, mode: str) -> None:
+        """A request was over a quota limit (`enforce`: refused; `monitor`: let through)."""
+        self.quota_refusals.inc((limit, mode))
+
+    def quota_counted(self, tokens: int, source: str) -> None:
+        """A request's tokens were counted against its token quotas."""
+        self.quota_tokens.inc((source,), tokens)
 
     def tls_reload(self, outcome: str) -> None:
         """The worker's TLS files changed and were `reloaded` or `refused`."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import redis.asyncio as aioredis
 
@@ -176,6 +176,52 @@ class QuotaStore:
         for w in windows:
             args += [w.window_ms, w.slice_ms]
         await self._add_tokens(keys=[w.key for w in windows], args=args)
+
+    async def counters(self, tenant: str) -> list[dict[str, Any]]:
+        """Every counter of a tenant as stored (request members not yet trimmed included: a
+        counter is trimmed to its window when a request is checked against it)."""
+        out = []
+        async for key in self.client.scan_iter(match=f"{self.prefix}quota:{{{quote(tenant, safe='')}}}:*"):
+            c = self._parse(key)
+            if c["kind"] == "requests":
+                first = await self.client.zrange(key, 0, 0, withscores=True)
+                last = await self.client.zrange(key, -1, -1, withscores=True)
+                c["used"] = int(await self.client.zcard(key))
+                c["oldest_ms"] = int(first[0][1]) if first else None
+                c["newest_ms"] = int(last[0][1]) if last else None
+            else:
+                c["used"] = sum(int(v) for v in (await self.client.hgetall(key)).values())
+            c["expires_in_ms"] = int(await self.client.pttl(key))
+            out.append(c)
+        return sorted(out, key=lambda c: (c["per"], c["who"], c["limit"], c["kind"]))
+
+    async def clear(
+        self, tenant: str, *, per: Per | None = None, who: str | None = None, limit: str | None = None
+    ) -> int:
+        """Forget a tenant's counters (those of one subject or one limit, if given); how many."""
+        gone = [
+            c["key"]
+            for c in await self.counters(tenant)
+            if (per is None or c["per"] == per)
+            and (who is None or c["who"] == who)
+            and (limit is None or c["limit"] == limit)
+        ]
+        return int(await self.client.delete(*gone)) if gone else 0
+
+    def _parse(self, key: str) -> dict[str, Any]:
+        rest = key[len(self.prefix) + len("quota:") :]
+        tag, _, tail = rest.partition("}:")
+        parts = tail.split(":")
+        per, kind = parts[0], parts[-1]
+        who = unquote(parts[1]) if per != "tenant" else ""
+        return {
+            "key": key,
+            "tenant": unquote(tag[1:]),
+            "per": per,
+            "who": who,
+            "limit": unquote(parts[-2]),
+            "kind": kind,
+        }
 
     async def ping(self) -> bool:
         """Redis answers."""

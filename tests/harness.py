@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -222,6 +223,20 @@ class GatewayEnv:
             assert checked.ok, checked.problem
             out += [r for r in checked.kept if r["kind"] == kind]
         return out
+
+    def metrics(self) -> str:
+        """The metrics page, as /metrics renders it from every worker's counts."""
+        from gateway import metrics
+
+        return metrics.render(metrics.read_dir(self.gw.run_dir / "metrics"))
+
+    def await_metric(self, line: str) -> str:
+        """The metrics page once it shows `line` (workers write their counts once a second)."""
+        until = time.monotonic() + 10
+        while line not in (m := self.metrics()):
+            assert time.monotonic() < until, m
+            time.sleep(0.2)
+        return m
 
     def audit_for(self, request_id: str) -> dict[str, Any]:
         """The one audit record of a request."""

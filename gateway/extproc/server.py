@@ -31,6 +31,7 @@ from filters.base import (
     fail_mode_fired,
 )
 from filters.chain import Chain, merge
+from filters.quota import counted_tokens, over_limit
 from gateway.errors import ErrorCode
 from gateway.extproc import convert as cv
 from gateway.extproc._budget import within
@@ -350,6 +351,10 @@ class ExtProcServer:
                 self._metrics.fail_mode(fired.dependency, fired.mode)
             elif v.filter == "risk" and v.action == "escalate":
                 self._metrics.escalation("rule" if "reason=rule" in v.detail else "threshold")
+            elif (over := over_limit(v)) is not None:
+                self._metrics.quota_refused(*over)
+            elif (tokens := counted_tokens(v)) is not None:
+                self._metrics.quota_counted(*tokens)
         route = ctx.route
         self._log.info(
             "request",

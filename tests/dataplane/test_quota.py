@@ -6,6 +6,7 @@ upstream, and what the audit record says, with the count shared by both workers.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,6 +103,7 @@ def test_requests_over_a_user_limit_are_refused_with_retry_after_on_every_worker
         assert resp.headers["x-ratelimit-limit-requests"] == "3"
         assert resp.headers["x-ratelimit-remaining-requests"] == "0"
         assert len(up.requests) == 3  # the refused one never reached the model
+        env.await_metric('ztgate_quota_refusals_total{limit="per-user-minute",mode="enforce"} 1.0')
         refused = env.audit_for(resp.headers["x-request-id"])
         assert refused["decision"]["outcome"] == "denied"
         (v,) = [
@@ -125,6 +127,20 @@ def test_requests_over_a_user_limit_are_refused_with_retry_after_on_every_worker
             if (v["filter"], v["phase"]) == ("quota", "admit")
         )
         assert details == [f"per-user-minute={n}/3" for n in (1, 2, 3)]
+        # An operator sees the counter and lifts the throttle; alice gets through again.
+        shown = env.cli("quota", "show", "--tenant", "acme", "--user", "alice")
+        assert shown.returncode == 0, shown.stderr
+        (counter,) = json.loads(shown.stdout)
+        assert (counter["per"], counter["who"], counter["limit"], counter["used"]) == (
+            "user",
+            "alice",
+            "per-user-minute",
+            3,
+        )
+        assert 0 < counter["expires_in_ms"] <= 60_000
+        cleared = env.cli("quota", "clear", "--tenant", "acme", "--user", "alice")
+        assert cleared.stdout.strip() == "acme: 1 counter(s) cleared", cleared.stderr
+        assert _ask(alice) == "ok"
 
 
 def test_the_openai_sdk_waits_out_retry_after_and_gets_through(tmp_path: Path, up: ScriptedUpstream) -> None:
@@ -180,6 +196,8 @@ def test_a_tenant_token_quota_counts_usage_and_estimates_streams_without_it(
         )
         # "hello" (5 bytes) + 40 bytes of answer = 45 bytes: 12 tokens estimated
         assert counted == ["tokens=12,source=estimate", "tokens=20,source=usage", "tokens=20,source=usage"]
+        m = env.await_metric('ztgate_quota_tokens_total{source="usage"} 40.0')
+        assert 'ztgate_quota_tokens_total{source="estimate"} 12.0' in m
         assert _ask(_client(env, KEY)) == "ok"  # acme's quota is its own
 
 

@@ -112,21 +112,6 @@ def _chat(env: GatewayEnv, model: str, key: str = KEY, **extra: Any) -> httpx.Re
     )
 
 
-def _metrics(env: GatewayEnv) -> str:
-    from gateway import metrics
-
-    return metrics.render(metrics.read_dir(env.gw.run_dir / "metrics"))
-
-
-def _await_metric(env: GatewayEnv, line: str) -> str:
-    """The metrics page once it shows `line` (workers write their counts once a second)."""
-    until = time.monotonic() + 10
-    while line not in (m := _metrics(env)):
-        assert time.monotonic() < until, m
-        time.sleep(0.2)
-    return m
-
-
 def _store(env: GatewayEnv) -> RiskStore:
     return RiskStore.from_url(REDIS, env.settings.redis_prefix, 2.0)
 
@@ -229,7 +214,7 @@ def test_an_answer_envoy_gave_for_a_down_model_server_is_not_recorded_as_allowed
         assert (d["outcome"], d["status"], d["code"]) == ("upstream_error", 503, None)
         assert "connection_failure" in d["upstream_error"], d
         # The request's log line and the outcome metric say the same.
-        _await_metric(env, 'ztgate_requests_total{outcome="upstream_error"} 1.0')
+        env.await_metric('ztgate_requests_total{outcome="upstream_error"} 1.0')
         lines = [json.loads(ln) for ln in env.logs(0).splitlines() if f'"request_id": "{rid}"' in ln]
         logged = [ln for ln in lines if ln["event"] == "request"]
         assert [(ln["outcome"], ln["upstream_error"]) for ln in logged] == [
@@ -269,7 +254,7 @@ def test_a_review_rule_escalates_at_once_and_denies_count(tmp_path: Path, chat_u
         assert review["reason"] == "rule:research-needs-review"
         assert _chat(env, "open", key=OTHER_TENANT_KEY).status_code == 403
         # Operators see it: escalations by reason, fail modes by dependency (none fired here).
-        m = _await_metric(env, 'ztgate_risk_escalations_total{reason="rule"} 1.0')
+        m = env.await_metric('ztgate_risk_escalations_total{reason="rule"} 1.0')
         assert "ztgate_fail_mode_total{" not in m
 
 
@@ -280,7 +265,7 @@ def test_redis_down_denies_by_default(tmp_path: Path, chat_up: ScriptedUpstream)
         r = _chat(env, "open")
         assert r.status_code == 503 and r.json()["error"]["code"] == "risk_unavailable"
         assert len(chat_up.requests) == before
-        _await_metric(env, 'ztgate_fail_mode_total{dependency="redis",mode="deny"} 1.0')
+        env.await_metric('ztgate_fail_mode_total{dependency="redis",mode="deny"} 1.0')
         rec = env.audit_for(r.headers["x-request-id"])
         assert rec["decision"]["fail_modes"] == [
             {"dependency": "redis", "mode": "deny", "why": "ConnectionError"}

@@ -1,0 +1,123 @@
+"""The quota store's scripts against the real Redis: atomic admission across clients, waits, slides."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from filters.base import CONTINUE, Principal, RequestContext
+from filters.quota import Quota, QuotaParams
+from gateway.quota import QuotaStore, Window
+from gateway.registry import Registry
+
+pytestmark = pytest.mark.dataplane
+
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+@pytest_asyncio.fixture
+async def stores() -> AsyncIterator[tuple[QuotaStore, QuotaStore]]:
+    """Two stores on their own pools, as two replicas have, under a prefix of this test's own."""
+    prefix = f"ztgate-test-{uuid.uuid4().hex[:12]}:"
+    a, b = QuotaStore.from_url(REDIS, prefix, 2.0), QuotaStore.from_url(REDIS, prefix, 2.0)
+    yield a, b
+    keys = [k async for k in a.client.scan_iter(match=f"{prefix}*")]
+    if keys:
+        await a.client.delete(*keys)
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_concurrent_requests_from_two_replicas_take_exactly_the_limit(
+    stores: tuple[QuotaStore, QuotaStore],
+) -> None:
+    a, b = stores
+    per_user = Window(a.key("acme", "user", "ann", "rpm", "requests"), 10, 60)
+    per_tenant = Window(a.key("acme", "tenant", "", "tenant-rpm", "requests"), 15, 60)
+    results = await asyncio.gather(*(s.admit([per_user, per_tenant]) for _ in range(20) for s in (a, b)))
+    admitted = [r for r in results if r.refused_by is None]
+    assert len(admitted) == 10
+    assert sorted(r.counts[0] for r in admitted) == list(range(1, 11))
+    assert all(
+        r.refused_by == 0 and 59_000 < r.retry_after_ms <= 60_000 for r in results if r not in admitted
+    )
+    # refusals counted nowhere: the tenant's window holds only the 10 admitted, so bob gets 5 more
+    bob = Window(a.key("acme", "user", "bob", "rpm", "requests"), 10, 60)
+    more = [await b.admit([bob, per_tenant]) for _ in range(6)]
+    assert [r.refused_by for r in more] == [None] * 5 + [1]
+
+
+async def test_a_request_window_slides_and_says_when_it_will_have_room(
+    stores: tuple[QuotaStore, QuotaStore],
+) -> None:
+    a, _ = stores
+    w = Window(a.key("acme", "key", "k1", "burst", "requests"), 2, 1)
+    assert (await a.admit([w])).refused_by is None
+    await asyncio.sleep(0.3)
+    assert (await a.admit([w])).refused_by is None
+    refused = await a.admit([w])
+    # room when the first admitted leaves the 1 s window: about 0.7 s from now
+    assert refused.refused_by == 0 and 500 < refused.retry_after_ms <= 750, refused
+    await asyncio.sleep(refused.retry_after_ms / 1000 + 0.05)
+    assert (await a.admit([w])).refused_by is None  # the oldest left; the second still counts
+    assert (await a.admit([w])).refused_by == 0
+
+
+async def test_tokens_are_checked_before_and_counted_after_and_leave_with_the_window(
+    stores: tuple[QuotaStore, QuotaStore],
+) -> None:
+    a, b = stores
+    w = Window(a.key("globex", "tenant", "", "tpm", "tokens"), 100, 2)
+    assert (await a.check_tokens([w])).counts == (0,)
+    await a.add_tokens([w], 60)
+    await b.add_tokens([w], 30)
+    assert (await b.check_tokens([w])).counts == (90,)  # under the limit: admitted, even if it goes over
+    await a.add_tokens([w], 30)
+    refused = await b.check_tokens([w])
+    assert refused.refused_by == 0 and 0 < refused.retry_after_ms <= 2000, refused
+    started = time.monotonic()
+    while (await a.check_tokens([w])).refused_by is not None:
+        assert time.monotonic() - started < 3, "the window did not slide"
+        await asyncio.sleep(0.05)
+    # the slices leave as the window slides past them, not all at once past the last one
+    assert time.monotonic() - started <= refused.retry_after_ms / 1000 + 0.2
+
+
+async def test_names_with_separators_do_not_share_a_counter(stores: tuple[QuotaStore, QuotaStore]) -> None:
+    a, _ = stores
+    one = Window(a.key("a:b", "user", "c", "rpm", "requests"), 1, 60)
+    two = Window(a.key("a", "user", "b:c", "rpm", "requests"), 1, 60)
+    three = Window(a.key("a", "user", "b}c", "rpm", "requests"), 1, 60)
+    assert len({one.key, two.key, three.key}) == 3
+    assert [(await a.admit([w])).refused_by for w in (one, two, three)] == [None, None, None]
+
+
+async def test_monitor_mode_lets_a_request_over_the_limit_through_marked(
+    stores: tuple[QuotaStore, QuotaStore],
+) -> None:
+    a, _ = stores
+    quota = Quota(
+        a,
+        QuotaParams.model_validate(
+            {"limits": [{"name": "rpm", "requests": 1, "window_s": 60}], "mode": "monitor"}
+        ),
+    )
+
+    def ctx() -> RequestContext:
+        c = RequestContext(
+            "r", "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
+        )
+        c.principal = Principal("k1", "ann", "acme")
+        return c
+
+    first, second = ctx(), ctx()
+    assert await quota.on_request_headers(first) is CONTINUE
+    assert await quota.on_request_headers(second) is CONTINUE
+    assert [(v.action, v.detail) for v in first.verdicts] == [("count", "rpm=1/1")]
+    ((action, detail),) = [(v.action, v.detail) for v in second.verdicts]
+    assert action == "monitor:deny" and detail.startswith("limit=rpm,retry_after_ms=")
