@@ -1,0 +1,106 @@
+"""Token quotas counted from real model servers' answers, through real clients.
+
+llama.cpp's server reports `usage` on whole answers and, asked with
+`stream_options.include_usage`, in its last stream chunk: those are counted as the server says.
+Triton's KServe answers carry no usage: their tokens are estimated from the text. Once the tenant's
+tokens are used up the next call is refused (429 with retry-after) before any model server runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import tritonclient.http as triton_http
+import yaml
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.test_injection_e2e import _executions
+from tests.harness import KEY, GatewayEnv, running
+
+POLICY = """\
+version: 1
+chain:
+  - filter: principal
+  - filter: protocol
+  - filter: quota
+    limits:
+      - {name: tenant-tokens, per: tenant, tokens: 200, window_s: 3600}
+  - filter: route
+  - filter: audit
+default_action: allow
+"""
+
+
+@pytest.fixture(scope="module")
+def quota_env(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayEnv]:
+    """A gateway of its own (own Redis prefix, own audit chains) in front of the real upstreams."""
+    tmp = Path(tmp_path_factory.mktemp("quota-e2e"))
+    (tmp / "policy.yaml").write_text(POLICY)
+    reg = yaml.safe_load(real.settings.registry_file.read_text())
+    with running(tmp / "gw", reg, env={"ZTGATE_POLICY_FILE": str(tmp / "policy.yaml")}) as env:
+        yield env
+
+
+def _counted(env: GatewayEnv) -> list[tuple[int, str]]:
+    out = []
+    for r in sorted(env.audit(), key=lambda r: r["time"]):
+        for v in r["decision"]["verdicts"]:
+            if v["filter"] == "quota" and v["phase"] == "tokens":
+                fields = dict(p.split("=", 1) for p in v["detail"].split(","))
+                out.append((int(fields["tokens"]), fields["source"]))
+    return out
+
+
+def test_real_answers_are_counted_until_the_tenant_quota_refuses(
+    quota_env: GatewayEnv, real: GatewayEnv
+) -> None:
+    oa = openai.OpenAI(base_url=f"{quota_env.url}/v1", api_key=KEY, max_retries=0)
+    whole = oa.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
+    )
+    assert whole.usage is not None
+    chunks = list(
+        oa.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "Say hello again."}],
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    streamed_usage = [c.usage for c in chunks if c.usage is not None]
+    assert len(streamed_usage) == 1
+    tc = triton_http.InferenceServerClient(quota_env.url.removeprefix("http://"))
+    inp = triton_http.InferInput("text_input", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([b"hello"], dtype=np.object_), binary_data=True)
+    tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"})
+    # "hello" in, "echo v2: hello" out: 19 bytes, 5 tokens estimated
+    assert _counted(quota_env) == [
+        (whole.usage.total_tokens, "usage"),
+        (streamed_usage[0].total_tokens, "usage"),
+        (5, "estimate"),
+    ]
+    used = whole.usage.total_tokens + streamed_usage[0].total_tokens + 5
+    # use up the rest of the 200 with whole answers, then the next call is refused unrun
+    calls = 0
+    while used < 200:
+        r = oa.chat.completions.create(
+            model="tiny-llama", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
+        )
+        assert r.usage is not None
+        used += r.usage.total_tokens
+        calls += 1
+        assert calls < 50, used
+    before = _executions(real, "echo")
+    with pytest.raises(InferenceServerException) as refused:
+        tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"})
+    assert refused.value.status() == "429" and "token quota 'tenant-tokens' used up" in str(refused.value)
+    assert _executions(real, "echo") == before  # Triton never ran it
+    with pytest.raises(openai.RateLimitError) as info:
+        oa.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.response.headers["x-ratelimit-limit-tokens"] == "200"
+    assert 1 <= int(info.value.response.headers["retry-after"]) <= 3600
