@@ -165,6 +165,7 @@ def _build(env: BuildEnv, params: AuditParams) -> Audit:
     s = env.settings
     # One writer per process, shared by every policy revision's chain: one unbroken hash chain.
     writer = env.engine(
-        WRITER_ENGINE, lambda: ChainWriter(s.audit_path / f"{s.instance}-{env.instance}.jsonl")
+        WRITER_ENGINE,
+        lambda: ChainWriter(s.audit_path / f"{s.instance}-{env.instance}.jsonl", s.audit_segment_bytes),
     )
     return Audit(writer, env.audit_key(), params)

@@ -9,6 +9,13 @@ elsewhere: the verifier prints it, and workers log it (`audit_head`) when they s
 
 A chain is appended to by exactly one process (files are named by instance and worker port), so
 no locking is needed; a restarted worker continues its file after checking the last record.
+
+Segments: once the live file `<chain>.jsonl` reaches the writer's segment size, the next record
+first renames it to `<chain>.seg<NNNNNN>.jsonl` (numbered from 1) and starts a new live file that
+goes on with the same chain (its first record's `prev` is the last segment's last hash). The
+verifier reads a chain's segments in order, then its live file, as one chain: a missing, cut or
+reordered segment breaks it where the next one no longer links. Old segments may be archived and
+pruned; a chain that then starts after seq 0 verifies only when asked to (`pruned_ok`).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +34,22 @@ GENESIS = "0" * 64
 # The process's one ChainWriter, among the BuildEnv engines (shared by every policy revision).
 WRITER_ENGINE = "audit:writer"
 _CHAINED = ("seq", "prev", "hash")
+_SEGMENT = re.compile(r"^(?P<chain>.+)\.seg(?P<n>\d{6,})\.jsonl$")
+
+
+def segments(live: Path) -> list[Path]:
+    """The closed segments of the chain whose live file is `live`, oldest first."""
+    found = []
+    for p in live.parent.glob(f"{glob_escape(live.stem)}.seg*.jsonl"):
+        m = _SEGMENT.match(p.name)
+        if m is not None and m["chain"] == live.stem:
+            found.append((int(m["n"]), p))
+    return [p for _, p in sorted(found)]
+
+
+def glob_escape(name: str) -> str:
+    """`name` with glob's special characters taken literally."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def now() -> str:
@@ -59,36 +83,61 @@ class AuditError(RuntimeError):
 
 @dataclass
 class ChainWriter:
-    """Appends records to one chain file; opened on the first append (or `open`)."""
+    """Appends records to one chain file; opened on the first append (or `open`).
+
+    With `segment_bytes`, a live file that has reached that size is closed as a segment before
+    the next record (never between a record and its sync, which covers the file it went to).
+    """
 
     path: Path
+    segment_bytes: int = 0  # 0: one file, never segmented
     _fd: int | None = field(default=None, repr=False)
+    _size: int = 0
     seq: int = 0
     head: str = GENESIS
 
     def open(self) -> int:
-        """Open the file and continue after its last record, which must verify."""
+        """Open the live file and continue after the chain's last record, which must verify (the
+        live file's, or the last segment's when the live file is new)."""
         if self._fd is not None:
             return self._fd
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            tail = self.path
             last = _last_line(self.path)
+            if last is None and (closed := segments(self.path)):
+                tail = closed[-1]
+                last = _last_line(tail)
             if last is not None:
                 rec = _parse(last)
                 if rec is None or rec.get("hash") != record_hash(rec) or canonical(rec) != last:
                     raise AuditError(
-                        f"{self.path} ends with a damaged record; run `ztgate audit verify {self.path}`, "
+                        f"{tail} ends with a damaged record; run `ztgate audit verify {self.path}`, "
                         "keep the file as evidence, move it aside and restart"
                     )
                 self.seq, self.head = int(rec["seq"]) + 1, str(rec["hash"])
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            self._size = os.fstat(self._fd).st_size
         except OSError as exc:
             raise AuditError(f"cannot open audit chain {self.path}: {exc.strerror}") from None
         return self._fd
 
+    def _close_segment(self) -> None:
+        """Rename the full live file to the next segment; the next open starts a new one."""
+        closed = segments(self.path)
+        n = int(_SEGMENT.match(closed[-1].name)["n"]) + 1 if closed else 1  # type: ignore[index]
+        self.close()
+        try:
+            os.rename(self.path, self.path.with_name(f"{self.path.stem}.seg{n:06d}.jsonl"))
+        except OSError as exc:
+            raise AuditError(f"cannot close audit segment {self.path}: {exc.strerror}") from None
+
     def append(self, record: dict[str, Any]) -> str:
         """Chain and write one record (one write call); returns its hash."""
         fd = self.open()
+        if self.segment_bytes and self._size >= self.segment_bytes:
+            self._close_segment()
+            fd = self.open()
         rec = {**record, "seq": self.seq, "prev": self.head}
         rec["hash"] = record_hash(rec)
         line = (canonical(rec) + "\n").encode()
@@ -99,6 +148,7 @@ class ChainWriter:
         except OSError as exc:
             raise AuditError(f"cannot write audit chain {self.path}: {exc.strerror}") from None
         self.seq, self.head = self.seq + 1, rec["hash"]
+        self._size += written
         return str(rec["hash"])
 
     def sync(self) -> None:
@@ -152,13 +202,15 @@ def _parse(line: str) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class Verified:
-    """What the verifier found in one chain file."""
+    """What the verifier found in one chain (its segments and live file)."""
 
     path: Path
     records: int  # intact records, from the first (all of them when ok)
     head: str
-    problem: str | None  # None: intact; else `line N: what is wrong`
+    problem: str | None  # None: intact; else `[segment file ]line N: what is wrong`
     kept: tuple[dict[str, Any], ...] = ()  # the intact records themselves, if asked for
+    starts_at: int = 0  # seq of the first record present (> 0 only for a pruned chain)
+    files: int = 1  # segments read, and the live file if there is one
 
     @property
     def ok(self) -> bool:
@@ -166,44 +218,74 @@ class Verified:
         return self.problem is None
 
 
-def verify(path: Path, *, keep: bool = False) -> Verified:
-    """Check a chain file line by line; stops at the first problem. `keep`: also return the
-    intact records (one read and parse serves checking and reading)."""
-    prev = GENESIS
+def verify(path: Path, *, keep: bool = False, pruned_ok: bool = False) -> Verified:
+    """Check a chain line by line, its segments first, then its live file `path`; stops at the
+    first problem. `keep`: also return the intact records (one read and parse serves checking and
+    reading). `pruned_ok`: the chain may start after seq 0 (its oldest segments archived away);
+    its first record is then taken on trust, and `starts_at` says where it starts."""
+    closed = segments(path)
+    files = [*closed, path] if path.exists() or not closed else closed
+    prev, start = GENESIS, 0
     kept: list[dict[str, Any]] = []
+    count = 0
 
-    def result(problem: str | None) -> Verified:
-        return Verified(path, len(kept), prev, problem, tuple(kept) if keep else ())
+    def result(problem: str | None, where: Path | None = None) -> Verified:
+        if problem is not None and closed and where is not None:
+            problem = f"{where.name} {problem}"
+        return Verified(path, count, prev, problem, tuple(kept) if keep else (), start, len(files))
 
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return result(f"cannot read: {exc.strerror}")
-    *lines, torn = data.split(b"\n")
-    for i, raw in enumerate(lines, start=1):
-        n = len(kept)
+    for f in files:
         try:
-            line = raw.decode()
-        except UnicodeDecodeError:
-            return result(f"line {i}: not UTF-8")
-        rec = _parse(line)
-        if rec is None:
-            return result(f"line {i}: not an audit record")
-        if canonical(rec) != line:
-            return result(f"line {i}: not in canonical form (edited)")
-        if rec["seq"] != n:
-            return result(f"line {i}: seq {rec['seq']!r}, expected {n} (removed or reordered)")
-        if rec["prev"] != prev:
-            return result(f"line {i}: prev does not match line {i - 1}'s hash")
-        if rec["hash"] != record_hash(rec):
-            return result(f"line {i}: hash does not match its content (edited)")
-        prev = rec["hash"]
-        kept.append(rec)
-    if torn:
-        return result(f"line {len(kept) + 1}: incomplete (no final newline)")
+            data = f.read_bytes()
+        except OSError as exc:
+            return result(f"cannot read: {exc.strerror}", f)
+        *lines, torn = data.split(b"\n")
+        for i, raw in enumerate(lines, start=1):
+            try:
+                line = raw.decode()
+            except UnicodeDecodeError:
+                return result(f"line {i}: not UTF-8", f)
+            rec = _parse(line)
+            if rec is None:
+                return result(f"line {i}: not an audit record", f)
+            if canonical(rec) != line:
+                return result(f"line {i}: not in canonical form (edited)", f)
+            if count == 0 and pruned_ok and isinstance(rec["seq"], int) and rec["seq"] > 0:
+                start, prev = rec["seq"], rec["prev"]  # a pruned chain: its first record on trust
+            if rec["seq"] != start + count:
+                return result(
+                    f"line {i}: seq {rec['seq']!r}, expected {start + count} (removed or reordered)", f
+                )
+            if rec["prev"] != prev:
+                before = (
+                    f"line {i - 1}'s hash"
+                    if i > 1
+                    else "the previous segment's last hash"
+                    if count
+                    else "the start of a chain (64 zeros)"
+                )
+                return result(f"line {i}: prev does not match {before}", f)
+            if rec["hash"] != record_hash(rec):
+                return result(f"line {i}: hash does not match its content (edited)", f)
+            prev = rec["hash"]
+            count += 1
+            if keep:
+                kept.append(rec)
+        if torn:
+            return result(f"line {len(lines) + 1}: incomplete (no final newline)", f)
     return result(None)
 
 
 def chain_files(target: Path) -> list[Path]:
-    """The chain files at `target`: the file itself, or every `*.jsonl` in a directory."""
-    return sorted(target.glob("*.jsonl")) if target.is_dir() else [target]
+    """The chains at `target`, each named by its live file: the chain a file belongs to, or every
+    chain in a directory (a chain whose live file is not there yet is named by it all the same)."""
+    if not target.is_dir():
+        m = _SEGMENT.match(target.name)
+        return [target.with_name(f"{m['chain']}.jsonl") if m else target]
+    live = {p for p in target.glob("*.jsonl") if not _SEGMENT.match(p.name)}
+    live |= {
+        p.with_name(f"{m['chain']}.jsonl")
+        for p in target.glob("*.seg*.jsonl")
+        if (m := _SEGMENT.match(p.name))
+    }
+    return sorted(live)

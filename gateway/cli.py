@@ -340,9 +340,11 @@ def _audit_verify(args: argparse.Namespace) -> int:
         return 1
     bad = 0
     for path in paths:
-        v = audit.verify(path)
+        v = audit.verify(path, pruned_ok=args.pruned_ok)
         if v.ok:
-            print(f"{path}: ok, {v.records} records, head {v.head}")
+            where = f" in {v.files} files" if v.files > 1 else ""
+            pruned = f" from seq {v.starts_at} (earlier segments not here)" if v.starts_at else ""
+            print(f"{path}: ok, {v.records} records{where}{pruned}, head {v.head}")
         else:
             bad += 1
             print(f"{path}: BROKEN at {v.problem} ({v.records} records intact before it)")
@@ -457,8 +459,17 @@ def _ops_commands(sub: Any) -> None:
     aud = sub.add_parser("audit", help="the audit log: verify chains, fingerprint a text").add_subparsers(
         dest="audit_cmd", required=True
     )
-    s = aud.add_parser("verify", help="check audit chain files (or folders of them); exit 1 if any is broken")
+    s = aud.add_parser(
+        "verify",
+        help="check audit chains, segments included (files or folders of them); exit 1 if any is broken",
+    )
     s.add_argument("target", nargs="+")
+    s.add_argument(
+        "--pruned-ok",
+        action="store_true",
+        help="a chain may start after its first record (old segments archived away); its first "
+        "record present is taken on trust",
+    )
     s.set_defaults(fn=_audit_verify)
     s = aud.add_parser(
         "fingerprint", help="the fingerprint a text has in the audit log (with this gateway's audit key)"

@@ -87,6 +87,8 @@ class Settings:
     # replicas so one prompt has one fingerprint everywhere). `instance` names this host.
     audit_dir: Path | None = None
     audit_key_file: Path | None = None
+    # A chain's live file is closed as a segment once it reaches this size (0: never).
+    audit_segment_bytes: int = 64 * 1024 * 1024
     instance: str = field(default_factory=socket.gethostname)
     # TLS on the client listener (Envoy reads the PEM files at start): certificate chain and key,
     # and optionally the CA that client certificates must chain to (then every client needs one).
@@ -144,6 +146,7 @@ class Settings:
             redis_prefix=e.get("ZTGATE_REDIS_PREFIX", cls.redis_prefix),
             audit_dir=Path(e["ZTGATE_AUDIT_DIR"]) if e.get("ZTGATE_AUDIT_DIR") else None,
             audit_key_file=Path(e["ZTGATE_AUDIT_KEY_FILE"]) if e.get("ZTGATE_AUDIT_KEY_FILE") else None,
+            audit_segment_bytes=_num(e, "ZTGATE_AUDIT_SEGMENT_BYTES", cls.audit_segment_bytes),
             instance=e.get("ZTGATE_INSTANCE") or socket.gethostname(),
             tls_cert_file=_path(e, "ZTGATE_TLS_CERT_FILE"),
             tls_key_file=_path(e, "ZTGATE_TLS_KEY_FILE"),
@@ -204,6 +207,8 @@ class Settings:
             raise ValueError("message timeout must exceed the per-phase budget, or Envoy answers first")
         if self.max_request_body_bytes > self.buffer_limit_bytes:
             raise ValueError("max request body must not exceed Envoy's buffer limit")
+        if self.audit_segment_bytes < 0:
+            raise ValueError("ZTGATE_AUDIT_SEGMENT_BYTES must be 0 (never segment) or a size in bytes")
         if not self.worker_ports:
             raise ValueError("at least one worker port is needed")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):

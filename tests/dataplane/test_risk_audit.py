@@ -425,9 +425,15 @@ def test_one_record_per_request_under_concurrent_load(tmp_path: Path, chat_up: S
 
             return await asyncio.gather(*(one(i) for i in range(n)))
 
-    with _gateway(tmp_path, chat_up.port) as env:
+    # Small segments: each worker's chain is closed into several files while requests are in flight.
+    with _gateway(tmp_path, chat_up.port, ZTGATE_AUDIT_SEGMENT_BYTES="65536") as env:
         results = asyncio.run(flow(env.url + "/v1/chat/completions"))
         assert {s for s, _ in results} == {200}
-        records = env.audit()  # both workers' chains verified
+        records = env.audit()  # both workers' chains verified, segments and live files as one each
         assert sorted(r["trace_id"] for r in records) == sorted(rid for _, rid in results)
-        assert len(audit.chain_files(env.settings.audit_path)) == 2
+        chains = audit.chain_files(env.settings.audit_path)
+        assert len(chains) == 2
+        assert all(len(audit.segments(c)) >= 2 for c in chains), [audit.segments(c) for c in chains]
+        checked = env.cli("audit", "verify", str(env.settings.audit_path))
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert all(" files, head " in line for line in checked.stdout.splitlines()), checked.stdout
