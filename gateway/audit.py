@@ -26,6 +26,7 @@ import hmac
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,7 @@ class ChainWriter:
     segment_bytes: int = 0  # 0: one file, never segmented
     _fd: int | None = field(default=None, repr=False)
     _size: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     seq: int = 0
     head: str = GENESIS
 
@@ -123,11 +125,16 @@ class ChainWriter:
         return self._fd
 
     def _close_segment(self) -> None:
-        """Rename the full live file to the next segment; the next open starts a new one."""
+        """Sync and close the full live file, rename it to the next segment; the next open starts
+        a new one. Synced first: a `sync` in flight for a record in it may find the file closed."""
         closed = segments(self.path)
         n = int(_SEGMENT.match(closed[-1].name)["n"]) + 1 if closed else 1  # type: ignore[index]
-        self.close()
         try:
+            with self._lock:
+                if self._fd is not None:
+                    os.fsync(self._fd)
+                    os.close(self._fd)
+                    self._fd = None
             os.rename(self.path, self.path.with_name(f"{self.path.stem}.seg{n:06d}.jsonl"))
         except OSError as exc:
             raise AuditError(f"cannot close audit segment {self.path}: {exc.strerror}") from None
@@ -152,17 +159,24 @@ class ChainWriter:
         return str(rec["hash"])
 
     def sync(self) -> None:
-        """Flush what was written to disk (blocking: call it off the event loop)."""
+        """Flush what was written to disk (blocking: call it off the event loop, from a thread).
+
+        Under the lock that closing a segment takes, so the file is not closed under it; if it
+        was closed since the record was written, closing synced it.
+        """
         try:
-            os.fsync(self.open())
+            with self._lock:
+                if self._fd is not None:
+                    os.fsync(self._fd)
         except OSError as exc:
             raise AuditError(f"cannot sync audit chain {self.path}: {exc.strerror}") from None
 
     def close(self) -> None:
         """Close the file."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 def _last_line(path: Path) -> str | None:

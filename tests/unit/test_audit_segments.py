@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,32 @@ def test_any_changed_byte_in_any_segment_is_found(
     raw[i] = data.draw(st.integers(0, 255).filter(lambda b: b != raw[i]))
     f.write_bytes(bytes(raw))
     assert not audit.verify(live).ok
+
+
+def test_syncs_from_another_thread_never_meet_a_closed_file(tmp_path: Path) -> None:
+    # The audit filter syncs in a thread while the loop goes on appending (and closing segments).
+    live = tmp_path / "h-w1.jsonl"
+    w = audit.ChainWriter(live, 600)
+    w.open()
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def syncing() -> None:
+        while not done.is_set():
+            try:
+                w.sync()
+            except audit.AuditError as exc:
+                errors.append(exc)
+
+    t = threading.Thread(target=syncing)
+    t.start()
+    try:
+        for i in range(300):
+            w.append({**RECORD, "i": i})
+    finally:
+        done.set()
+        t.join()
+    w.close()
+    assert errors == []
+    assert len(audit.segments(live)) == 99
+    assert audit.verify(live).records == 300
