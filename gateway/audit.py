@@ -5,7 +5,8 @@ spaces, UTF-8): the record's fields, `seq` (0, 1, 2 …), `prev` (the previous r
 64 zeros for the first) and `hash`, the SHA-256 of the canonical JSON of everything else in
 the record. Changing, inserting, removing or reordering a line breaks the chain at that line; the
 verifier says where. Cutting records off the end leaves a shorter valid chain, so anchor the head
-elsewhere: the verifier prints it, and workers log it (`audit_head`) when they stop.
+elsewhere: the verifier prints it, and workers log it (`audit_head`) once a minute and when they
+stop; `verify(anchors=...)` checks a chain against such heads.
 
 A chain is appended to by exactly one process (files are named by instance and worker port), so
 no locking is needed; a restarted worker continues its file after checking the last record.
@@ -27,6 +28,7 @@ import json
 import os
 import re
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,11 +234,16 @@ class Verified:
         return self.problem is None
 
 
-def verify(path: Path, *, keep: bool = False, pruned_ok: bool = False) -> Verified:
+def verify(
+    path: Path, *, keep: bool = False, pruned_ok: bool = False, anchors: Mapping[int, str] | None = None
+) -> Verified:
     """Check a chain line by line, its segments first, then its live file `path`; stops at the
     first problem. `keep`: also return the intact records (one read and parse serves checking and
     reading). `pruned_ok`: the chain may start after seq 0 (its oldest segments archived away);
-    its first record is then taken on trust, and `starts_at` says where it starts."""
+    its first record is then taken on trust, and `starts_at` says where it starts. `anchors`:
+    heads kept outside the chain (seq → hash, from the workers' `audit_head` log lines): each must
+    be the hash of the chain's record of that seq, so records cut off its end show too."""
+    anchors = anchors or {}
     closed = segments(path)
     files = [*closed, path] if path.exists() or not closed else closed
     prev, start = GENESIS, 0
@@ -281,13 +288,42 @@ def verify(path: Path, *, keep: bool = False, pruned_ok: bool = False) -> Verifi
                 return result(f"line {i}: prev does not match {before}", f)
             if rec["hash"] != record_hash(rec):
                 return result(f"line {i}: hash does not match its content (edited)", f)
+            if anchors.get(rec["seq"], rec["hash"]) != rec["hash"]:
+                return result(f"line {i}: seq {rec['seq']} is not the record anchored for it (rewritten)", f)
             prev = rec["hash"]
             count += 1
             if keep:
                 kept.append(rec)
         if torn:
             return result(f"line {len(lines) + 1}: incomplete (no final newline)", f)
+    beyond = [seq for seq in anchors if seq >= start + count]
+    if beyond:
+        return result(
+            f"end: seq {max(beyond)} was anchored (head {anchors[max(beyond)][:12]}…) but the chain ends "
+            f"before it, at seq {start + count - 1} (records cut off its end)"
+        )
     return result(None)
+
+
+def logged_heads(lines: Iterable[str]) -> dict[str, dict[int, str]]:
+    """The heads workers logged (`audit_head` JSON log lines), by chain file name: seq → hash.
+
+    Other lines are skipped; a head of an empty chain anchors nothing.
+    """
+    out: dict[str, dict[int, str]] = {}
+    for line in lines:
+        if '"audit_head"' not in line:
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(doc, dict) or doc.get("event") != "audit_head":
+            continue
+        records, head, where = doc.get("records"), doc.get("head"), doc.get("path")
+        if isinstance(records, int) and records > 0 and isinstance(head, str) and isinstance(where, str):
+            out.setdefault(Path(where).name, {})[records - 1] = head
+    return out
 
 
 def chain_files(target: Path) -> list[Path]:

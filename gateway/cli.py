@@ -338,9 +338,14 @@ def _audit_verify(args: argparse.Namespace) -> int:
     if not paths:
         print("no audit chains found", file=sys.stderr)
         return 1
+    heads: dict[str, dict[int, str]] = {}
+    for log_file in args.heads or ():
+        with Path(log_file).open(encoding="utf-8", errors="replace") as f:
+            for name, anchored in audit.logged_heads(f).items():
+                heads.setdefault(name, {}).update(anchored)
     bad = 0
     for path in paths:
-        v = audit.verify(path, pruned_ok=args.pruned_ok)
+        v = audit.verify(path, pruned_ok=args.pruned_ok, anchors=heads.get(path.name))
         if v.ok:
             where = f" in {v.files} files" if v.files > 1 else ""
             pruned = f" from seq {v.starts_at} (earlier segments not here)" if v.starts_at else ""
@@ -469,6 +474,13 @@ def _ops_commands(sub: Any) -> None:
         action="store_true",
         help="a chain may start after its first record (old segments archived away); its first "
         "record present is taken on trust",
+    )
+    s.add_argument(
+        "--heads",
+        action="append",
+        metavar="LOG",
+        help="the workers' JSON logs (repeatable): every `audit_head` they logged must be in its "
+        "chain, so records cut off a chain's end are found",
     )
     s.set_defaults(fn=_audit_verify)
     s = aud.add_parser(

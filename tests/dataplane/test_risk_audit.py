@@ -177,6 +177,16 @@ def test_five_tuple_for_whole_and_streamed_answers_without_text(
     heads = {audit.verify(p).head for p in audit.chain_files(env.settings.audit_path)}
     logged = {json.loads(line)["head"] for line in env.logs(lines=0).splitlines() if '"audit_head"' in line}
     assert heads <= logged
+    # Records cut off a chain's end leave a valid, shorter chain; the workers' logs show it.
+    chain = max(audit.chain_files(env.settings.audit_path), key=lambda p: audit.verify(p).records)
+    lines = chain.read_bytes().splitlines(keepends=True)
+    chain.write_bytes(b"".join(lines[:-1]))
+    assert env.cli("audit", "verify", str(chain)).returncode == 0
+    worker_logs = [str(p.log_path) for p in env.gw.procs if p.name.startswith("worker")]
+    cut = env.cli("audit", "verify", str(env.settings.audit_path), *(f"--heads={w}" for w in worker_logs))
+    assert cut.returncode == 1, cut.stdout + cut.stderr
+    assert f"{chain}: BROKEN at end: seq {len(lines) - 1} was anchored" in cut.stdout, cut.stdout
+    assert cut.stdout.count(": ok,") == len(audit.chain_files(env.settings.audit_path)) - 1
 
 
 def test_refusals_and_bad_input_are_audited_too(tmp_path: Path, chat_up: ScriptedUpstream) -> None:

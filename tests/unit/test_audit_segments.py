@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -133,3 +134,29 @@ def test_syncs_from_another_thread_never_meet_a_closed_file(tmp_path: Path) -> N
     assert errors == []
     assert len(audit.segments(live)) == 99
     assert audit.verify(live).records == 300
+
+
+def _head_line(path: Path, w: audit.ChainWriter) -> str:
+    return json.dumps({"event": "audit_head", "path": str(path), "records": w.seq, "head": w.head})
+
+
+def test_logged_heads_show_records_cut_off_the_end_or_rewritten(tmp_path: Path) -> None:
+    live = tmp_path / "h-w1.jsonl"
+    w = _write(live, 5, segment_bytes=0)
+    log = ["not json", '{"event": "request"}', _head_line(Path("/elsewhere") / live.name, w)]
+    heads = audit.logged_heads(log)
+    assert heads == {"h-w1.jsonl": {4: w.head}}
+    assert audit.verify(live, anchors=heads["h-w1.jsonl"]).ok
+    lines = live.read_bytes().splitlines(keepends=True)
+    live.write_bytes(b"".join(lines[:3]))  # two records cut off: a valid, shorter chain
+    assert audit.verify(live).ok
+    assert audit.verify(live, anchors=heads["h-w1.jsonl"]).problem == (
+        f"end: seq 4 was anchored (head {w.head[:12]}…) but the chain ends before it, at seq 2 "
+        "(records cut off its end)"
+    )
+    # the cut records written anew, chained properly: the anchor still tells them apart
+    w2 = _write(live, 2, segment_bytes=0, start=100)
+    assert w2.seq == 5 and audit.verify(live).ok
+    assert audit.verify(live, anchors=heads["h-w1.jsonl"]).problem == (
+        "line 5: seq 4 is not the record anchored for it (rewritten)"
+    )
