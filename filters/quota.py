@@ -72,6 +72,16 @@ class Limit(BaseModel):
             raise ValueError("give exactly one of requests or tokens")
         return self
 
+    @property
+    def kind(self) -> Literal["requests", "tokens"]:
+        """What it counts."""
+        return "requests" if self.requests is not None else "tokens"
+
+    @property
+    def amount(self) -> int:
+        """How many of them the window holds."""
+        return self.requests if self.requests is not None else self.tokens or 0
+
 
 class QuotaParams(BaseModel):
     """Parameters of the quota filter."""
@@ -104,21 +114,20 @@ class Quota(BaseFilter):
     def __init__(self, store: QuotaStore, params: QuotaParams) -> None:
         self.store = store
         self.params = params
-        self.requests = [lim for lim in params.limits if lim.requests is not None]
-        self.tokens = [lim for lim in params.limits if lim.tokens is not None]
+        self.requests = [lim for lim in params.limits if lim.kind == "requests"]
+        self.tokens = [lim for lim in params.limits if lim.kind == "tokens"]
 
     def windows(self, who: Principal, limits: list[Limit]) -> list[Window]:
         """The counters of `who` for `limits`."""
-        out = []
-        for lim in limits:
-            kind: Literal["requests", "tokens"] = "requests" if lim.requests is not None else "tokens"
-            subject = {"user": who.user, "tenant": who.tenant, "key": who.key_id}[lim.per]
-            limit = lim.requests if lim.requests is not None else lim.tokens
-            assert limit is not None  # noqa: S101 - Limit checks that one is given
-            out.append(
-                Window(self.store.key(who.tenant, lim.per, subject, lim.name, kind), limit, lim.window_s)
+        subjects = {"user": who.user, "tenant": who.tenant, "key": who.key_id}
+        return [
+            Window(
+                self.store.key(who.tenant, lim.per, subjects[lim.per], lim.name, lim.kind),
+                lim.amount,
+                lim.window_s,
             )
-        return out
+            for lim in limits
+        ]
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
         who = ctx.principal
@@ -150,14 +159,13 @@ class Quota(BaseFilter):
             ctx.verdicts.append(Verdict(self.name, "admit", "monitor:deny", 0.0, detail))
             return CONTINUE
         ctx.verdicts.append(Verdict(self.name, "admit", "deny", 0.0, detail))
-        kind = "requests" if lim.requests is not None else "tokens"
         headers = (
             ("retry-after", str(retry_s)),
             ("retry-after-ms", str(a.retry_after_ms)),
-            (f"x-ratelimit-limit-{kind}", str(lim.requests or lim.tokens)),
-            (f"x-ratelimit-remaining-{kind}", "0"),
+            (f"x-ratelimit-limit-{lim.kind}", str(lim.amount)),
+            (f"x-ratelimit-remaining-{lim.kind}", "0"),
         )
-        if kind == "requests":
+        if lim.kind == "requests":
             return Deny(
                 429,
                 ErrorCode.RATE_LIMIT_EXCEEDED,
@@ -235,5 +243,5 @@ def _build(env: BuildEnv, params: QuotaParams) -> Quota:
         f"quota:{params.timeout_s}",
         lambda: QuotaStore.from_url(s.redis_url, s.redis_prefix, params.timeout_s),
     )
-    cls = TokenQuota if any(lim.tokens is not None for lim in params.limits) else Quota
+    cls = TokenQuota if any(lim.kind == "tokens" for lim in params.limits) else Quota
     return cls(store, params)
