@@ -138,7 +138,10 @@ class Quota(BaseFilter):
                 if self.tokens:
                     used = await self.store.check_tokens(self.windows(who, self.tokens))
                     if used.refused_by is not None:
-                        return self._refuse(ctx, self.tokens[used.refused_by], used)
+                        refusal = self._refuse(ctx, self.tokens[used.refused_by], used)
+                        # monitor mode lets it through, so it still counts in the request limits
+                        if self.params.mode == "enforce" or not self.requests:
+                            return refusal
                 if not self.requests:
                     return CONTINUE
                 admitted = await self.store.admit(self.windows(who, self.requests))

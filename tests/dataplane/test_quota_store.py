@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 
 from filters.base import CONTINUE, Principal, RequestContext
-from filters.quota import Quota, QuotaParams
+from filters.quota import Quota, QuotaParams, TokenQuota
 from gateway.quota import QuotaStore, Window
 from gateway.registry import Registry
 
@@ -121,3 +121,28 @@ async def test_monitor_mode_lets_a_request_over_the_limit_through_marked(
     assert [(v.action, v.detail) for v in first.verdicts] == [("count", "rpm=1/1")]
     ((action, detail),) = [(v.action, v.detail) for v in second.verdicts]
     assert action == "monitor:deny" and detail.startswith("limit=rpm,retry_after_ms=")
+
+
+async def test_in_monitor_mode_a_request_over_its_token_limit_still_counts_in_its_request_limits(
+    stores: tuple[QuotaStore, QuotaStore],
+) -> None:
+    a, _ = stores
+    params = {
+        "limits": [
+            {"name": "rpm", "requests": 5, "window_s": 60},
+            {"name": "tpm", "tokens": 10, "window_s": 60},
+        ],
+        "mode": "monitor",
+    }
+    quota = TokenQuota(a, QuotaParams.model_validate(params))
+    who = Principal("k1", "ann", "acme")
+    await a.add_tokens(quota.windows(who, quota.tokens), 50)  # the token limit is used up
+    c = RequestContext(
+        "r", "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
+    )
+    c.principal = who
+    assert await quota.on_request_headers(c) is CONTINUE
+    assert [(v.action, v.detail.split(",")[0]) for v in c.verdicts] == [
+        ("monitor:deny", "limit=tpm"),
+        ("count", "rpm=1/5"),
+    ]
