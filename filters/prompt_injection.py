@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import time
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -173,7 +174,9 @@ class PromptInjection(BaseFilter):
                 ctx.verdicts.append(Verdict(self.name, "score", "pass", 0.0, history.lstrip(","), counts))
             return CONTINUE
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        # A real clock: uvloop's loop.time() is in whole milliseconds and cached per loop turn, so
+        # an answer later than a sub-millisecond budget could measure as on time (0 ms elapsed).
+        started = time.perf_counter()
         try:
             found = await asyncio.wait_for(
                 loop.run_in_executor(None, lambda: [self.model.assess(t) for t in texts]),
@@ -181,7 +184,7 @@ class PromptInjection(BaseFilter):
             )
         except Exception as exc:  # noqa: BLE001 - any failure of the classifier goes to its fail mode
             return self._failed(ctx, type(exc).__name__)
-        if loop.time() - started > self.params.timeout_s:
+        if time.perf_counter() - started > self.params.timeout_s:
             # wait_for returns a result that lands in the same loop turn as its deadline (a busy
             # loop sees both at once); the budget is the contract, so a late answer counts as none.
             return self._failed(ctx, "TimeoutError")
