@@ -116,18 +116,23 @@ async def test_follow_starts_over_when_the_index_goes_backwards(consul: ConsulDo
     consul.put(KEY, b"b")
     seen: list[bytes | None] = []
     task = asyncio.create_task(follow(lambda i: client.kv(KEY, i), seen.append, lambda _: None))
-    await until(lambda: seen == [b"b"])
-    before = len(consul.calls)
-    consul.reset_index(1)  # the store restored from a snapshot: indexes went down
-    consul.kv[KEY].value = b"restored"
-    consul.put("elsewhere", b"x")  # a write elsewhere wakes the hanging query
-    await until(lambda: b"restored" in seen)
-    # The query hanging at the old index answered with a lower one: the next query is a full
-    # read (no index), not a wait from the old index.
-    later = consul.calls[before:]
-    assert later and "index=" not in later[0], later
-    task.cancel()
-    await client.close()
+    try:
+        await until(lambda: seen == [b"b"])
+        # The blocking query from the index of that read is hanging in the double.
+        await until(lambda: any("index=" in c for c in consul.calls))
+        before = len(consul.calls)
+        consul.reset_index(1)  # the store restored from a snapshot: indexes went down
+        consul.kv[KEY].value = b"restored"
+        consul.put("elsewhere", b"x")  # the index moves, but stays under the one waited for
+        # The query hanging at the old index answers when its wait ends, with a lower index (and
+        # may already carry the new value): the next query is a full read (no index), not a wait
+        # from the old index. Wait for that query too, not only for the value.
+        await until(lambda: b"restored" in seen and len(consul.calls) > before)
+        later = consul.calls[before:]
+        assert "index=" not in later[0], later
+    finally:
+        task.cancel()
+        await client.close()
 
 
 async def test_follow_backs_off_on_errors(consul: ConsulDouble) -> None:
@@ -137,10 +142,10 @@ async def test_follow_backs_off_on_errors(consul: ConsulDouble) -> None:
     task = asyncio.create_task(follow(lambda i: client.kv(KEY, i), lambda _: None, errors.append))
     await asyncio.sleep(1.5)
     task.cancel()
+    await client.close()
     # Backoff 0.25 s doubling to 2 s (with jitter): a handful of tries, not a busy loop.
     assert 2 <= len(errors) <= 6, errors
     assert all("ClientConnectorError" in e for e in errors)
-    await client.close()
 
 
 @contextlib.asynccontextmanager
