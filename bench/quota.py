@@ -1,11 +1,12 @@
-"""What the quota filter costs per request (figures, not a test).
+"""What the quota and auth_guard filters cost per request (figures, not a test).
 
     .venv/bin/python -m bench.quota [--redis redis://127.0.0.1:6379/0] [--calls 3000]
 
 Against a real Redis, in-process (one event loop, as a worker runs it), the filter's own hooks on
 real request contexts: a request limit's admission (`Quota.on_request_headers`: one Lua script
 per request, two limits), and a token limit's check at request headers plus its count at SETTLE
-(`TokenQuota`). Prints p50/p99 wall time per request and the process's CPU per request
+(`TokenQuota`); auth_guard's check of the source network at request headers (every request),
+and that check plus the count of a refused key at SETTLE. Prints p50/p99 wall time per request and the process's CPU per request
 (`time.process_time`: the filter, redis-py's asyncio client and the event loop together). The
 counters live under a prefix of their own and are deleted at the end.
 """
@@ -21,8 +22,10 @@ from collections.abc import Awaitable, Callable
 import uvloop
 
 from filters._protocols import Answer
+from filters.auth_guard import AuthGuard, AuthGuardParams
 from filters.base import Principal, RequestContext
 from filters.quota import Quota, QuotaParams, TokenQuota
+from gateway.auth_guard import AuthFailStore
 from gateway.quota import QuotaStore
 from gateway.registry import Registry
 
@@ -30,7 +33,8 @@ REGISTRY = Registry.from_yaml("upstreams: {}\nmodels: {}\n")
 
 
 def _ctx(i: int) -> RequestContext:
-    ctx = RequestContext(f"r{i}", "POST", "/v1/chat/completions", {}, REGISTRY)
+    source = {"x-envoy-external-address": f"198.51.100.{i % 200}"}
+    ctx = RequestContext(f"r{i}", "POST", "/v1/chat/completions", source, REGISTRY)
     ctx.principal = Principal("k1", f"user{i % 50}", "acme")
     ctx.answer = Answer(usage={"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": 100})
     return ctx
@@ -69,6 +73,19 @@ async def run(url: str, calls: int) -> None:
         ),
     )
 
+    guard = AuthGuard(
+        AuthFailStore(store.client, prefix), AuthGuardParams(failures=10_000, window_s=60, block_s=1)
+    )
+
+    async def guard_check(i: int) -> None:
+        await guard.on_request_headers(_ctx(i))
+
+    async def guard_check_and_count(i: int) -> None:
+        ctx = _ctx(i)
+        await guard.on_request_headers(ctx)
+        ctx.error_code = "invalid_api_key"
+        await guard.on_settle(ctx)
+
     async def admit(i: int) -> None:
         await requests.on_request_headers(_ctx(i))
 
@@ -79,10 +96,12 @@ async def run(url: str, calls: int) -> None:
 
     try:
         await _timed(200, admit)  # warm-up: connections, script loading
-        print(f"quota filter against {url}, {calls} requests each, one event loop")
+        print(f"quota and auth_guard filters against {url}, {calls} requests each, one event loop")
         for name, work in (
             ("request limits (2), admit", admit),
             ("token limit, check + count", token_check_and_count),
+            ("auth_guard, check", guard_check),
+            ("auth_guard, refused key", guard_check_and_count),
         ):
             p50, p99, cpu = await _timed(calls, work)
             print(f"  {name:<28} p50 {p50:.3f} ms  p99 {p99:.3f} ms  CPU {cpu:.0f} µs per request")

@@ -169,6 +169,9 @@ class Filter(Protocol):
     # Filters that must run earlier in the chain: what this one reads, they set. A chain that
     # breaks this is refused, since e.g. rules checked before routing would not see the model.
     needs: ClassVar[tuple[str, ...]]
+    # Filters that must run later in the chain: this one guards them (auth_guard refuses a
+    # blocked source before principal reads its key). A chain that breaks this is refused.
+    precedes: ClassVar[tuple[str, ...]]
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
         """Request headers arrived (ctx.method, ctx.path, ctx.headers are set)."""
@@ -206,6 +209,7 @@ class BaseFilter:
     phases: ClassVar[Phase] = Phase.NONE
     on_behalf: ClassVar[Phase] = Phase.NONE
     needs: ClassVar[tuple[str, ...]] = ()
+    precedes: ClassVar[tuple[str, ...]] = ()
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
         return CONTINUE

@@ -68,6 +68,7 @@ Factory = Callable[[BuildEnv, Any], Filter]
 _FACTORIES: dict[str, tuple[Factory, type[BaseModel]]] = {}
 # Modules that register the shipped filters; imported on first lookup.
 _BUILTIN_MODULES = (
+    "filters.auth_guard",
     "filters.principal",
     "filters.protocol",
     "filters.route",
@@ -200,6 +201,17 @@ def build_with_params(entries: Sequence[tuple[str, dict[str, Any]]], env: BuildE
                     None,
                     f"filter {name!r} needs {', '.join(map(repr, missing))} earlier in the chain",
                     f"list {', '.join(missing)} above {name}",
+                )
+            )
+            continue
+        later = [n for n in built.precedes if n not in names[i + 1 :]]
+        if later:
+            problems.append(
+                (
+                    i,
+                    None,
+                    f"filter {name!r} must come before {', '.join(map(repr, later))} in the chain",
+                    f"list {name} above {', '.join(later)}",
                 )
             )
             continue

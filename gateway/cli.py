@@ -460,6 +460,49 @@ def _quota(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _auth_guard(args: argparse.Namespace) -> int:
+    import asyncio
+    import ipaddress
+
+    from gateway.auth_guard import AuthFailStore
+    from gateway.settings import Settings
+
+    s = Settings.from_env()
+    if args.guard_cmd == "clear" and args.source is None and not args.all:
+        print("ztgate auth-guard clear: give --source ADDRESS|NETWORK or --all", file=sys.stderr)
+        return 2
+    try:
+        want = ipaddress.ip_network(args.source, strict=False) if args.source else None
+    except ValueError as exc:
+        print(f"ztgate auth-guard: {exc}", file=sys.stderr)
+        return 2
+
+    def matches(network: str) -> bool:
+        if want is None:
+            return True
+        net = ipaddress.ip_network(network)
+        return net.version == want.version and (net.subnet_of(want) or want.subnet_of(net))  # type: ignore[arg-type]
+
+    async def run() -> int:
+        store = AuthFailStore.from_url(s.redis_url, s.redis_prefix, 5.0)
+        try:
+            found = [e for e in await store.sources() if matches(e["source"])]
+            if args.guard_cmd == "clear":
+                n = (
+                    await store.clear()
+                    if want is None
+                    else sum([await store.clear(e["source"]) for e in found])
+                )
+                print(f"{len(found)} source network(s) cleared ({n} key(s))")
+            else:
+                print(json.dumps(found, indent=1))
+        finally:
+            await store.aclose()
+        return 0
+
+    return asyncio.run(run())
+
+
 def _ops_commands(sub: Any) -> None:
     aud = sub.add_parser("audit", help="the audit log: verify chains, fingerprint a text").add_subparsers(
         dest="audit_cmd", required=True
@@ -522,6 +565,18 @@ def _ops_commands(sub: Any) -> None:
         who.add_argument("--key", help="only this API key's counters (the key file's id)")
         s.add_argument("--limit", help="only the counters of the limit of this name")
         s.set_defaults(fn=_quota)
+    guard = sub.add_parser(
+        "auth-guard", help="failed authentications and blocks per source network in Redis"
+    ).add_subparsers(dest="guard_cmd", required=True)
+    for name, what in (
+        ("show", "source networks with failures in their window or a block: failures, ms blocked for"),
+        ("clear", "forget failures and lift blocks (of the networks holding --source, or --all)"),
+    ):
+        s = guard.add_parser(name, help=what)
+        s.add_argument("--source", help="an address or network: the stored networks it holds or is in")
+        if name == "clear":
+            s.add_argument("--all", action="store_true", help="every source network")
+        s.set_defaults(fn=_auth_guard)
 
 
 def _keys_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

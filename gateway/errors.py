@@ -44,6 +44,8 @@ class ErrorCode(StrEnum):
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     TOKEN_QUOTA_EXCEEDED = "token_quota_exceeded"  # noqa: S105 - an error code, not a secret
     QUOTA_UNAVAILABLE = "quota_unavailable"
+    TOO_MANY_AUTH_FAILURES = "too_many_auth_failures"
+    AUTH_GUARD_UNAVAILABLE = "auth_guard_unavailable"
 
 
 _OPENAI_TYPE = {

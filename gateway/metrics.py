@@ -96,6 +96,12 @@ class Metrics:
             "Tokens counted against token quotas, by source (usage: the answer said; estimate: from the text)",
             ("source",),
         )
+        self.auth_guard = Counter(
+            "ztgate_auth_guard_total",
+            "auth_guard events: failure (a refused key counted for its source network), block (a "
+            "network blocked), refused (a blocked network's request refused), monitor (let through)",
+            ("event",),
+        )
         self.tls_reloads = Counter(
             "ztgate_extproc_tls_reloads_total",
             "The workers' certificate files read again after a change: reloaded, or refused (last good kept)",
@@ -110,6 +116,7 @@ class Metrics:
             self.findings,
             self.quota_refusals,
             self.quota_tokens,
+            self.auth_guard,
             self.fail_modes,
             self.escalations,
             self.tls_reloads,
@@ -149,6 +156,10 @@ class Metrics:
     def quota_counted(self, tokens: int, source: str) -> None:
         """A request's tokens were counted against its token quotas."""
         self.quota_tokens.inc((source,), tokens)
+
+    def guarded(self, event: str) -> None:
+        """auth_guard counted a failure, blocked a network, or refused (or let through) its request."""
+        self.auth_guard.inc((event,))
 
     def tls_reload(self, outcome: str) -> None:
         """The worker's TLS files changed and were `reloaded` or `refused`."""

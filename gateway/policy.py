@@ -233,6 +233,7 @@ class ScopedFilter:
     phases: ClassVar[Phase] = Phase.NONE
     on_behalf: ClassVar[Phase] = Phase.NONE
     needs: ClassVar[tuple[str, ...]] = ()
+    precedes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, base: Filter, overrides: Sequence[CompiledOverride]) -> None:
         self.base = base
@@ -293,7 +294,13 @@ def scoped(base: Filter, overrides: Sequence[CompiledOverride]) -> Filter:
     cls = type(
         f"Scoped_{base.name}",
         (ScopedFilter,),
-        {"name": base.name, "phases": phases, "on_behalf": on_behalf, "needs": base.needs},
+        {
+            "name": base.name,
+            "phases": phases,
+            "on_behalf": on_behalf,
+            "needs": base.needs,
+            "precedes": base.precedes,
+        },
     )
     wrapped: Filter = cls(base, overrides)
     return wrapped

@@ -281,7 +281,7 @@ def admin_app(gw: Gateway) -> web.Application:
 
 def _redis_filters(names: Sequence[str]) -> list[str]:
     """The chain's filters that keep their state in Redis."""
-    return [n for n in ("risk", "quota") if n in names]
+    return [n for n in ("auth_guard", "risk", "quota") if n in names]
 
 
 def _banner(s: Settings, demo: bool) -> str:

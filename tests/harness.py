@@ -282,6 +282,16 @@ def running(tmp: Path, registry: dict[str, Any], **kw: Any) -> Iterator[GatewayE
         env.stop()
 
 
+def running_policy(
+    tmp: Path, registry: dict[str, Any], policy_text: str, env: dict[str, str] | None = None, **kw: Any
+) -> contextlib.AbstractContextManager[GatewayEnv]:
+    """`running`, enforcing `policy_text` (written to tmp/policy.yaml; the gateway in tmp/gw)."""
+    tmp.mkdir(exist_ok=True)
+    pol = tmp / "policy.yaml"
+    pol.write_text(policy_text)
+    return running(tmp / "gw", registry, env={"ZTGATE_POLICY_FILE": str(pol), **(env or {})}, **kw)
+
+
 def _port_clash(message: str) -> bool:
     m = message.lower()
     return "address already in use" in m or "cannot bind" in m or "already taken" in m

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from filters.auth_guard import guard_event
 from filters.base import (
     CONTINUE,
     Continue,
@@ -355,6 +356,8 @@ class ExtProcServer:
                 self._metrics.quota_refused(*over)
             elif (tokens := counted_tokens(v)) is not None:
                 self._metrics.quota_counted(*tokens)
+            elif (event := guard_event(v)) is not None:
+                self._metrics.guarded(event)
         route = ctx.route
         self._log.info(
             "request",

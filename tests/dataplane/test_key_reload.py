@@ -11,7 +11,7 @@ import httpx
 import yaml
 
 from filters.principal import digest
-from tests.harness import KEY, GatewayEnv, ScriptedUpstream, registry_for, running
+from tests.harness import KEY, GatewayEnv, ScriptedUpstream, registry_for, running, running_policy
 
 
 def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -34,8 +34,20 @@ def _registry(up: ScriptedUpstream) -> dict[str, Any]:
     )
 
 
+# The default chain's auth_guard would block loopback after ten refused keys, and this test
+# presents a revoked key many more times than that (auth_guard: test_auth_guard.py).
+POLICY = """\
+version: 1
+chain:
+  - filter: principal
+  - filter: protocol
+  - filter: route
+default_action: allow
+"""
+
+
 def test_keys_reload_and_broken_edits_keep_last_good(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
-    with running(tmp_path, _registry(openai_up), workers=2) as env:
+    with running_policy(tmp_path, _registry(openai_up), POLICY, workers=2) as env:
         keys_file = env.settings.keys_file
 
         def status(key: str) -> int:

@@ -24,7 +24,7 @@ from tests.harness import (
     ScriptedUpstream,
     chat_registry,
     json_answer,
-    running,
+    running_policy,
     streamed,
 )
 
@@ -68,10 +68,7 @@ def up() -> Iterator[ScriptedUpstream]:
 
 
 def _gateway(tmp: Path, port: int, limits: str, redis_mode: str = "deny", **env: str) -> Any:
-    tmp.mkdir(exist_ok=True)
-    pol = tmp / "policy.yaml"
-    pol.write_text(POLICY.format(limits=limits, redis_mode=redis_mode))
-    return running(tmp / "gw", chat_registry(port), env={"ZTGATE_POLICY_FILE": str(pol), **env})
+    return running_policy(tmp, chat_registry(port), POLICY.format(limits=limits, redis_mode=redis_mode), env)
 
 
 def _client(env: GatewayEnv, key: str = KEY, retries: int = 0) -> openai.OpenAI:
@@ -244,9 +241,8 @@ overrides:
         - {name: tpm, per: tenant, tokens: 30, window_s: 60}
 """
     limits = "      - {name: per-user, requests: 100, window_s: 60}"
-    tmp_path.joinpath("policy.yaml").write_text(POLICY.format(limits=limits, redis_mode="deny") + overrides)
-    pol = {"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}
-    with running(tmp_path / "gw", chat_registry(up.port), env=pol) as env:
+    text = POLICY.format(limits=limits, redis_mode="deny") + overrides
+    with running_policy(tmp_path, chat_registry(up.port), text) as env:
         up.requests.clear()
         globex = _client(env, OTHER_TENANT_KEY)
         assert [_ask(globex) for _ in range(2)] == ["ok", "ok"]  # 0, then 20 tokens used

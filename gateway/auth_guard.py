@@ -1,0 +1,109 @@
+"""Failed authentications per source network in Redis, shared by every gateway replica.
+
+Two keys per source network (an address, or its /64 and the like: filters/auth_guard.py), in one
+hash slot (the braces):
+- `<prefix>authfail:{<network>}:failures`: a sorted set, one member per refused key, scored by
+  Redis server time (ms): an exact sliding window, the same on every replica;
+- `<prefix>authfail:{<network>}:block`: present while the network is blocked, expiring with the
+  block. The failures are forgotten when it is set: a network counts afresh after its block.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote
+
+import redis.asyncio as aioredis
+
+from gateway import _redis
+
+# KEYS: failures, block. ARGV: member, window ms, failures that block, block ms.
+# Returns {failures in the window, ms the network is now blocked for (0: not blocked)}; a network
+# already blocked counts nothing more (requests checked just before the block was set).
+_FAIL = """
+local left = redis.call('PTTL', KEYS[2])
+if left > 0 then
+  return {0, left}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+local n = redis.call('ZCARD', KEYS[1])
+if n >= tonumber(ARGV[3]) then
+  redis.call('SET', KEYS[2], n, 'PX', tonumber(ARGV[4]))
+  redis.call('DEL', KEYS[1])
+  return {n, tonumber(ARGV[4])}
+end
+redis.call('PEXPIRE', KEYS[1], window)
+return {n, 0}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failure counted: how many in the window, and how long the network is blocked for."""
+
+    failures: int  # 0 when the network was blocked already
+    blocked_ms: int  # 0: not blocked
+
+
+class AuthFailStore:
+    """Every source network's failed authentications and blocks, in one Redis."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._fail = client.register_script(_FAIL)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str, timeout_s: float) -> AuthFailStore:
+        """A store on a connection pool (connections are made on first use)."""
+        return cls(_redis.client(url, timeout_s), prefix)
+
+    def _key(self, network: str, what: str) -> str:
+        return f"{self.prefix}authfail:{{{quote(network, safe='')}}}:{what}"
+
+    async def blocked_ms(self, network: str) -> int:
+        """How long `network` stays blocked (0: it is not)."""
+        return max(0, int(await self.client.pttl(self._key(network, "block"))))
+
+    async def fail(self, network: str, window_s: int, failures: int, block_s: int) -> Failure:
+        """Count one failed authentication from `network`; block it at `failures` in `window_s`."""
+        reply = await self._fail(
+            keys=[self._key(network, "failures"), self._key(network, "block")],
+            args=[secrets.token_hex(8), window_s * 1000, failures, block_s * 1000],
+        )
+        return Failure(int(reply[0]), int(reply[1]))
+
+    async def sources(self) -> list[dict[str, Any]]:
+        """Every network with failures in its window or a block, as stored (failures older than
+        the window included until the network's next failure trims them)."""
+        out: dict[str, dict[str, Any]] = {}
+        async for key in self.client.scan_iter(match=f"{self.prefix}authfail:*"):
+            tag, _, what = key[len(self.prefix) + len("authfail:") :].partition("}:")
+            network = unquote(tag[1:])
+            entry = out.setdefault(network, {"source": network, "failures": 0, "blocked_ms": 0})
+            if what == "failures":
+                entry["failures"] = int(await self.client.zcard(key))
+            elif what == "block":
+                entry["blocked_ms"] = max(0, int(await self.client.pttl(key)))
+        return sorted(out.values(), key=lambda e: e["source"])
+
+    async def clear(self, network: str | None = None) -> int:
+        """Forget the failures and block of one network (every network: None); how many keys went."""
+        if network is not None:
+            return int(await self.client.delete(self._key(network, "failures"), self._key(network, "block")))
+        keys = [k async for k in self.client.scan_iter(match=f"{self.prefix}authfail:*")]
+        return int(await self.client.delete(*keys)) if keys else 0
+
+    async def ping(self) -> bool:
+        """Redis answers."""
+        return bool(await self.client.ping())
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self.client.aclose()
