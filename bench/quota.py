@@ -5,7 +5,8 @@
 Against a real Redis, in-process (one event loop, as a worker runs it), the filter's own hooks on
 real request contexts: a request limit's admission (`Quota.on_request_headers`: one Lua script
 per request, two limits), and a token limit's check at request headers plus its count at SETTLE
-(`TokenQuota`); auth_guard's check of the source network at request headers (every request),
+(`TokenQuota`); a concurrency limit's lease at request headers and its release when the stream
+ends; auth_guard's check of the source network at request headers (every request),
 and that check plus the count of a refused key at SETTLE. Prints p50/p99 wall time per request and the process's CPU per request
 (`time.process_time`: the filter, redis-py's asyncio client and the event loop together). The
 counters live under a prefix of their own and are deleted at the end.
@@ -73,6 +74,16 @@ async def run(url: str, calls: int) -> None:
         ),
     )
 
+    in_flight = Quota(
+        store,
+        QuotaParams.model_validate({"limits": [{"name": "in-flight", "per": "user", "concurrent": 100_000}]}),
+    )
+
+    async def lease_and_release(i: int) -> None:
+        ctx = _ctx(i)
+        await in_flight.on_request_headers(ctx)
+        await in_flight.on_end(ctx)
+
     guard = AuthGuard(
         AuthFailStore(store.client, prefix), AuthGuardParams(failures=10_000, window_s=60, block_s=1)
     )
@@ -100,6 +111,7 @@ async def run(url: str, calls: int) -> None:
         for name, work in (
             ("request limits (2), admit", admit),
             ("token limit, check + count", token_check_and_count),
+            ("concurrency, lease + release", lease_and_release),
             ("auth_guard, check", guard_check),
             ("auth_guard, refused key", guard_check_and_count),
         ):

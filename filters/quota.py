@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 from typing import ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -39,11 +40,12 @@ from filters.base import (
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
 from gateway.observability import log
-from gateway.quota import Admission, Per, QuotaStore, Window
+from gateway.quota import Admission, Kind, Per, QuotaStore, Window
 
 
 class Limit(BaseModel):
-    """One limit: at most `requests` requests, or `tokens` tokens, per subject in `window_s`."""
+    """One limit: at most `requests` requests, or `tokens` tokens, per subject in `window_s`; or
+    at most `concurrent` requests of a subject in flight at once."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     name: str = Field(
@@ -55,32 +57,55 @@ class Limit(BaseModel):
         default="user", description="Whose counter: each user (of a tenant), each tenant, or each API key."
     )
     requests: int | None = Field(
-        default=None, ge=1, le=100_000, description="Requests admitted in the window (give this or tokens)."
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Requests admitted in the window (give one of requests, tokens, concurrent).",
     )
     tokens: int | None = Field(
         default=None,
         ge=1,
         le=10**12,
         description="Tokens (prompt and answer) used in the window, after which requests are refused "
-        "until it slides (give this or requests).",
+        "until it slides.",
     )
-    window_s: int = Field(ge=1, le=31 * 86400, description="Sliding window, seconds.")
+    concurrent: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Requests in flight at once (from request headers until the answer ends, streams "
+        "included); no window.",
+    )
+    window_s: int | None = Field(
+        default=None, ge=1, le=31 * 86400, description="Sliding window, seconds (requests and tokens)."
+    )
 
     @model_validator(mode="after")
     def _one_measure(self) -> Self:
-        if (self.requests is None) == (self.tokens is None):
-            raise ValueError("give exactly one of requests or tokens")
+        if [self.requests, self.tokens, self.concurrent].count(None) != 2:
+            raise ValueError("give exactly one of requests, tokens or concurrent")
+        if self.concurrent is None and self.window_s is None:
+            raise ValueError(f"a limit of {self.kind} needs window_s")
+        if self.concurrent is not None and self.window_s is not None:
+            raise ValueError("a concurrent limit has no window: leave window_s out")
         return self
 
     @property
-    def kind(self) -> Literal["requests", "tokens"]:
+    def kind(self) -> Kind:
         """What it counts."""
+        if self.concurrent is not None:
+            return "concurrent"
         return "requests" if self.requests is not None else "tokens"
 
     @property
     def amount(self) -> int:
-        """How many of them the window holds."""
-        return self.requests if self.requests is not None else self.tokens or 0
+        """How many of them the window (or the subject, at once) holds."""
+        return next(n for n in (self.requests, self.tokens, self.concurrent) if n is not None)
+
+    @property
+    def window(self) -> int:
+        """The window in seconds (0: a concurrent limit has none)."""
+        return self.window_s or 0
 
 
 class QuotaParams(BaseModel):
@@ -105,17 +130,21 @@ _UNAVAILABLE = Deny(503, ErrorCode.QUOTA_UNAVAILABLE, "the quota service is unav
 
 
 class Quota(BaseFilter):
-    """Refuse requests over their request limits (request limits only: one phase)."""
+    """Refuse requests over their request and concurrency limits (one phase; leases are given
+    back when the stream ends)."""
 
     name: ClassVar[str] = "quota"
     phases: ClassVar[Phase] = Phase.REQUEST_HEADERS
     needs: ClassVar[tuple[str, ...]] = ("principal",)
 
-    def __init__(self, store: QuotaStore, params: QuotaParams) -> None:
+    def __init__(self, store: QuotaStore, params: QuotaParams, lease_ttl_s: float = 360.0) -> None:
         self.store = store
         self.params = params
         self.requests = [lim for lim in params.limits if lim.kind == "requests"]
         self.tokens = [lim for lim in params.limits if lim.kind == "tokens"]
+        self.concurrent = [lim for lim in params.limits if lim.kind == "concurrent"]
+        # A lease outlives no request: as long as Envoy lets an ext_proc stream last.
+        self.lease_ttl_ms = int(lease_ttl_s * 1000)
 
     def windows(self, who: Principal, limits: list[Limit]) -> list[Window]:
         """The counters of `who` for `limits`."""
@@ -124,7 +153,7 @@ class Quota(BaseFilter):
             Window(
                 self.store.key(who.tenant, lim.per, subjects[lim.per], lim.name, lim.kind),
                 lim.amount,
-                lim.window_s,
+                lim.window,
             )
             for lim in limits
         ]
@@ -133,15 +162,29 @@ class Quota(BaseFilter):
         who = ctx.principal
         if who is None:
             return CONTINUE
+        enforce = self.params.mode == "enforce"
         try:
             async with asyncio.timeout(self.params.timeout_s):
                 if self.tokens:
                     used = await self.store.check_tokens(self.windows(who, self.tokens))
                     if used.refused_by is not None:
                         refusal = self._refuse(ctx, self.tokens[used.refused_by], used)
-                        # monitor mode lets it through, so it still counts in the request limits
-                        if self.params.mode == "enforce" or not self.requests:
+                        # monitor mode lets it through, so it still counts in the other limits
+                        if enforce or not (self.requests or self.concurrent):
                             return refusal
+                if self.concurrent:
+                    # Remembered before it is asked for: on_end gives it back, whatever happened.
+                    lease = ctx.state[_LEASE] = secrets.token_hex(8)
+                    taken = await self.store.lease(
+                        self.windows(who, self.concurrent), lease, self.lease_ttl_ms
+                    )
+                    if taken.refused_by is not None:
+                        refusal = self._refuse(ctx, self.concurrent[taken.refused_by], taken)
+                        if enforce:
+                            return refusal
+                    else:
+                        detail = _counts(self.concurrent, taken)
+                        ctx.verdicts.append(Verdict(self.name, "lease", "count", 0.0, detail))
                 if not self.requests:
                     return CONTINUE
                 admitted = await self.store.admit(self.windows(who, self.requests))
@@ -149,11 +192,24 @@ class Quota(BaseFilter):
             return fail_mode(ctx, self.name, "redis", type(exc).__name__, _UNAVAILABLE)
         if admitted.refused_by is not None:
             return self._refuse(ctx, self.requests[admitted.refused_by], admitted)
-        detail = ",".join(
-            f"{lim.name}={n}/{lim.requests}" for lim, n in zip(self.requests, admitted.counts, strict=True)
-        )
-        ctx.verdicts.append(Verdict(self.name, "admit", "count", 0.0, detail))
+        ctx.verdicts.append(Verdict(self.name, "admit", "count", 0.0, _counts(self.requests, admitted)))
         return CONTINUE
+
+    async def on_end(self, ctx: RequestContext) -> None:
+        lease = ctx.state.pop(_LEASE, None)
+        who = ctx.principal
+        if not isinstance(lease, str) or who is None:
+            return
+        try:
+            async with asyncio.timeout(self.params.timeout_s):
+                await self.store.release(self.windows(who, self.concurrent), lease)
+        except Exception as exc:  # noqa: BLE001 - the request is over; the lease runs out by itself
+            log().error(
+                "quota_lease_not_released",
+                request_id=ctx.request_id,
+                error_type=type(exc).__name__,
+                expires_in_s=self.lease_ttl_ms // 1000,
+            )
 
     def _refuse(self, ctx: RequestContext, lim: Limit, a: Admission) -> Decision:
         retry_s = math.ceil(a.retry_after_ms / 1000)
@@ -172,16 +228,31 @@ class Quota(BaseFilter):
             return Deny(
                 429,
                 ErrorCode.RATE_LIMIT_EXCEEDED,
-                f"rate limit {lim.name!r} reached ({lim.requests} requests per {lim.window_s} s); "
+                f"rate limit {lim.name!r} reached ({lim.requests} requests per {lim.window} s); "
+                f"retry in {retry_s} s",
+                headers,
+            )
+        if lim.kind == "concurrent":
+            return Deny(
+                429,
+                ErrorCode.CONCURRENCY_LIMIT_EXCEEDED,
+                f"concurrency limit {lim.name!r} reached ({lim.concurrent} requests at once); "
                 f"retry in {retry_s} s",
                 headers,
             )
         return Deny(
             429,
             ErrorCode.TOKEN_QUOTA_EXCEEDED,
-            f"token quota {lim.name!r} used up ({lim.tokens} tokens per {lim.window_s} s); retry in {retry_s} s",
+            f"token quota {lim.name!r} used up ({lim.tokens} tokens per {lim.window} s); retry in {retry_s} s",
             headers,
         )
+
+
+_LEASE = "quota:lease"
+
+
+def _counts(limits: list[Limit], a: Admission) -> str:
+    return ",".join(f"{lim.name}={n}/{lim.amount}" for lim, n in zip(limits, a.counts, strict=True))
 
 
 class TokenQuota(Quota):
@@ -247,4 +318,4 @@ def _build(env: BuildEnv, params: QuotaParams) -> Quota:
         lambda: QuotaStore.from_url(s.redis_url, s.redis_prefix, params.timeout_s),
     )
     cls = TokenQuota if any(lim.kind == "tokens" for lim in params.limits) else Quota
-    return cls(store, params)
+    return cls(store, params, max(s.upstream_timeout_s, 1.0) + 60)

@@ -43,6 +43,7 @@ class ErrorCode(StrEnum):
     USER_UNDER_REVIEW = "user_under_review"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     TOKEN_QUOTA_EXCEEDED = "token_quota_exceeded"  # noqa: S105 - an error code, not a secret
+    CONCURRENCY_LIMIT_EXCEEDED = "concurrency_limit_exceeded"
     QUOTA_UNAVAILABLE = "quota_unavailable"
     TOO_MANY_AUTH_FAILURES = "too_many_auth_failures"
     AUTH_GUARD_UNAVAILABLE = "auth_guard_unavailable"

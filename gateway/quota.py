@@ -9,6 +9,11 @@ slot (the braces), so one script can check a request against every limit that ap
   1 ms), so the window slides a slice at a time (tokens leave it up to one slice early) and the
   check reads at most 61 fields.
 
+- `…:<limit>:concurrent`: a sorted set of the requests in flight (leases), each scored by when
+  its lease runs out (as long as an ext_proc stream may last): a request taken at request headers
+  is released when its stream ends, and a worker that died leaves leases that run out by
+  themselves.
+
 A request is admitted only if every request limit has room; then it is counted in all of them
 at once (a refused request counts nowhere, so a client retrying early does not push its own
 window on). Token limits admit a request while the window's tokens are under the limit and count
@@ -27,6 +32,7 @@ import redis.asyncio as aioredis
 from gateway import _redis
 
 Per = Literal["user", "tenant", "key"]
+Kind = Literal["requests", "tokens", "concurrent"]
 
 # KEYS: one sorted set per request limit. ARGV[1]: the request's member; then (window ms, limit)
 # per key. Returns {0, count after, ...} when admitted, or {i, ms until the i-th limit has room}.
@@ -49,6 +55,29 @@ end
 for i, key in ipairs(KEYS) do
   redis.call('ZADD', key, now, ARGV[1])
   redis.call('PEXPIRE', key, tonumber(ARGV[2 * i]))
+end
+return counts
+"""
+
+# KEYS: one sorted set per concurrency limit. ARGV[1]: the lease, ARGV[2]: its time to live (ms);
+# then the limit per key. Drops leases that ran out; returns {0, in flight after, ...} when every
+# limit has room (the lease then taken in all), or {i, 1000}: retry in a second.
+_LEASE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+local counts = {0}
+for i, key in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local n = redis.call('ZCARD', key)
+  if n >= tonumber(ARGV[i + 2]) then
+    return {i, 1000}
+  end
+  counts[i + 1] = n + 1
+end
+for _, key in ipairs(KEYS) do
+  redis.call('ZADD', key, now + ttl, ARGV[1])
+  redis.call('PEXPIRE', key, ttl)
 end
 return counts
 """
@@ -143,13 +172,14 @@ class QuotaStore:
         self._admit = client.register_script(_ADMIT)
         self._check_tokens = client.register_script(_CHECK_TOKENS)
         self._add_tokens = client.register_script(_ADD_TOKENS)
+        self._lease = client.register_script(_LEASE)
 
     @classmethod
     def from_url(cls, url: str, prefix: str, timeout_s: float) -> QuotaStore:
         """A store on a connection pool (connections are made on first use)."""
         return cls(_redis.client(url, timeout_s), prefix)
 
-    def key(self, tenant: str, per: Per, who: str, limit: str, kind: Literal["requests", "tokens"]) -> str:
+    def key(self, tenant: str, per: Per, who: str, limit: str, kind: Kind) -> str:
         """The counter of one limit for one subject (names quoted: no ':' or braces inside)."""
         subject = "" if per == "tenant" else f"{quote(who, safe='')}:"
         return (
@@ -177,13 +207,29 @@ class QuotaStore:
             args += [w.window_ms, w.slice_ms]
         await self._add_tokens(keys=[w.key for w in windows], args=args)
 
+    async def lease(self, windows: list[Window], lease: str, ttl_ms: int) -> Admission:
+        """Take `lease` in every concurrency window if all have room; else say which refused."""
+        args: list[Any] = [lease, ttl_ms, *(w.limit for w in windows)]
+        return _admission(await self._lease(keys=[w.key for w in windows], args=args))
+
+    async def release(self, windows: list[Window], lease: str) -> None:
+        """Give `lease` back in every window (the request ended)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for w in windows:
+                pipe.zrem(w.key, lease)
+            await pipe.execute()
+
     async def counters(self, tenant: str) -> list[dict[str, Any]]:
         """Every counter of a tenant as stored (request members not yet trimmed included: a
         counter is trimmed to its window when a request is checked against it)."""
         out = []
         async for key in self.client.scan_iter(match=f"{self.prefix}quota:{{{quote(tenant, safe='')}}}:*"):
             c = self._parse(key)
-            if c["kind"] == "requests":
+            if c["kind"] == "concurrent":
+                sec, usec = await self.client.time()
+                # leases that ran out (a worker gone) are not in flight
+                c["used"] = int(await self.client.zcount(key, f"({sec * 1000 + usec // 1000}", "+inf"))
+            elif c["kind"] == "requests":
                 first = await self.client.zrange(key, 0, 0, withscores=True)
                 last = await self.client.zrange(key, -1, -1, withscores=True)
                 c["used"] = int(await self.client.zcard(key))

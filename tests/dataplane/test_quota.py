@@ -6,7 +6,9 @@ upstream, and what the audit record says, with the count shared by both workers.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,6 +198,82 @@ def test_a_tenant_token_quota_counts_usage_and_estimates_streams_without_it(
         m = env.await_metric('ztgate_quota_tokens_total{source="usage"} 40.0')
         assert 'ztgate_quota_tokens_total{source="estimate"} 12.0' in m
         assert _ask(_client(env, KEY)) == "ok"  # acme's quota is its own
+
+
+def test_a_concurrency_limit_holds_requests_in_flight_and_gives_leases_back_when_they_end(
+    tmp_path: Path, up: ScriptedUpstream
+) -> None:
+    gate = threading.Event()
+
+    async def held_if_asked(r: Any) -> Any:
+        if b"hold" in r.body:
+            await asyncio.to_thread(gate.wait, 30)
+        return _answer(20)
+
+    def chat(key: str, text: str, timeout: float = 10) -> httpx.Response:
+        return httpx.post(
+            f"{env.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": "chat", "messages": [{"role": "user", "content": text}]},
+            timeout=timeout,
+        )
+
+    limits = "      - {name: in-flight, per: user, concurrent: 2}\n      - {name: rpm, requests: 100, window_s: 60}"
+    with _gateway(tmp_path, up.port, limits) as env:
+        up.requests.clear()
+        up.handler = held_if_asked
+        results: dict[str, Any] = {}
+
+        def send(name: str, timeout: float) -> None:
+            try:
+                results[name] = chat(KEY, "hold", timeout).status_code
+            except httpx.TimeoutException as exc:
+                results[name] = type(exc).__name__
+
+        try:
+            held = threading.Thread(target=send, args=("held", 30))
+            gives_up = threading.Thread(target=send, args=("gives_up", 1.5))
+            held.start()
+            gives_up.start()
+            deadline = time.monotonic() + 5
+            while len(up.requests) < 2:
+                assert time.monotonic() < deadline, "the held requests did not reach the upstream"
+                time.sleep(0.02)
+            # alice has two requests in flight: a third is refused before anything is forwarded.
+            r = chat(KEY, "hello")
+            assert r.status_code == 429 and r.json()["error"]["code"] == "concurrency_limit_exceeded", r.text
+            assert r.json()["error"]["message"].startswith(
+                "concurrency limit 'in-flight' reached (2 requests at once)"
+            )
+            assert (r.headers["retry-after"], r.headers["x-ratelimit-limit-concurrent"]) == ("1", "2")
+            assert len(up.requests) == 2
+            assert chat(OTHER_TENANT_KEY, "hello").status_code == 200  # bob's requests are his own
+            # The client that gave up ended its stream: its lease is back, so alice gets one slot.
+            gives_up.join(10)
+            assert results["gives_up"] == "ReadTimeout"
+            deadline = time.monotonic() + 5
+            while (got := chat(KEY, "hello")).status_code != 200:
+                assert got.status_code == 429 and time.monotonic() < deadline, got.text
+                time.sleep(0.1)
+            shown = json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+            assert {(c["limit"], c["kind"], c["used"]) for c in shown} >= {("in-flight", "concurrent", 1)}
+        finally:
+            gate.set()
+            up.handler = lambda _r: _answer(20)
+        held.join(10)
+        assert results["held"] == 200
+        # Every lease given back: two at once again.
+        assert [chat(KEY, "hello").status_code for _ in range(2)] == [200, 200]
+        shown = json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+        # (a set whose last lease went is gone from Redis)
+        assert [c["used"] for c in shown if c["kind"] == "concurrent"] in ([], [0]), shown
+        leases = [
+            v["detail"]
+            for rec in env.audit()
+            for v in rec["decision"]["verdicts"]
+            if (v["filter"], v["phase"]) == ("quota", "lease")
+        ]
+        assert "in-flight=2/2" in leases and "in-flight=1/2" in leases, leases
 
 
 def test_redis_down_refuses_by_default_and_flags_when_the_policy_says_so(

@@ -146,3 +146,31 @@ async def test_in_monitor_mode_a_request_over_its_token_limit_still_counts_in_it
         ("monitor:deny", "limit=tpm"),
         ("count", "rpm=1/5"),
     ]
+
+
+async def test_concurrent_leases_from_two_replicas_take_exactly_the_limit_and_run_out(
+    stores: tuple[QuotaStore, QuotaStore],
+) -> None:
+    a, b = stores
+    w = Window(a.key("acme", "user", "ann", "in-flight", "concurrent"), 5, 0)
+    got = await asyncio.gather(
+        *(s.lease([w], f"l{i}-{n}", 60_000) for i in range(6) for n, s in enumerate((a, b)))
+    )
+    taken = [g for g in got if g.refused_by is None]
+    assert sorted(g.counts[0] for g in taken) == [1, 2, 3, 4, 5]
+    assert all(g.retry_after_ms == 1000 for g in got if g.refused_by == 0)
+    # Given back: room again, in every replica's view.
+    held = [
+        f"l{i}-{n}"
+        for (i, n), g in zip(((i, n) for i in range(6) for n in range(2)), got, strict=True)
+        if g.refused_by is None
+    ]
+    await a.release([w], held[0])
+    assert (await b.lease([w], "again", 60_000)).counts == (5,)
+    assert (await a.lease([w], "over", 60_000)).refused_by == 0
+    # A lease nobody gives back (its worker died) runs out by itself.
+    short = Window(a.key("acme", "user", "bo", "in-flight", "concurrent"), 1, 0)
+    assert (await a.lease([short], "lost", 200)).refused_by is None
+    assert (await b.lease([short], "next", 200)).refused_by == 0
+    await asyncio.sleep(0.3)
+    assert (await b.lease([short], "next", 200)).refused_by is None

@@ -52,8 +52,10 @@ def test_request_limits_read_only_request_headers_and_token_limits_read_answers(
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
-        ("requests: 10", "requests: 10, tokens: 5", "give exactly one of requests or tokens"),
-        ("requests: 10, ", "", "give exactly one of requests or tokens"),
+        ("requests: 10", "requests: 10, tokens: 5", "give exactly one of requests, tokens or concurrent"),
+        ("requests: 10, ", "", "give exactly one of requests, tokens or concurrent"),
+        ("requests: 10", "concurrent: 10", "a concurrent limit has no window: leave window_s out"),
+        (", window_s: 60", "", "a limit of requests needs window_s"),
         ("name: per-user", "name: Per User", "String should match pattern"),
         ("per: user", "per: group", "Input should be 'user', 'tenant' or 'key'"),
         ("requests: 10", "requests: 0", "Input should be greater than or equal to 1"),
