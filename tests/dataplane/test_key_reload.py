@@ -90,7 +90,9 @@ def test_a_key_stops_working_when_it_expires(tmp_path: Path, openai_up: Scripted
              "expires": "2025-12-01T00:00:00+08:00"},
         ]  # fmt: skip
         keys_file.write_text(yaml.safe_dump(doc))
-        assert _wait_for(lambda: _call(env, soon).status_code == 200)
+        # Both workers must have the new file (round-robin: several calls reach each), or the
+        # expired key below meets one that does not know it yet (invalid, not expired).
+        assert _wait_for(lambda: all(_call(env, soon).status_code == 200 for _ in range(6)))
         before = len(openai_up.requests)
         r = _call(env, gone)
         assert r.status_code == 401 and r.json()["error"]["code"] == "expired_api_key", r.text
