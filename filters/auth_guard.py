@@ -8,9 +8,10 @@ its key (`invalid_api_key`, `expired_api_key`, `disabled_api_key`; `missing_api_
 network for `block_s`. Counts and blocks live in Redis, shared by every worker and replica.
 
 The source is `x-envoy-external-address`, the client address as Envoy saw it (it overwrites a
-client's copy; `use_remote_address`): with proxies in front of Envoy, that is the nearest one's
-unless Envoy trusts their `x-forwarded-for` (docs/auth-guard.md). IPv4 addresses count one by one
-(`ipv4_prefix` 32); IPv6 ones per /64 (`ipv6_prefix`), since one host commonly holds a whole /64.
+client's copy): with proxies in front of Envoy, that is the nearest one's unless
+`ZTGATE_TRUSTED_PROXIES` names them, and then the address their `x-forwarded-for` names. IPv4
+addresses count one by one (`ipv4_prefix` 32); IPv6 ones per /64 (`ipv6_prefix`), since one host
+commonly holds a whole /64.
 Networks under `exempt` are neither counted nor blocked. No source address (an Envoy set up
 otherwise): refused, 500, never let through unchecked.
 

@@ -374,6 +374,58 @@ def _downstream_tls(settings: Settings, secrets: Secrets) -> dict[str, Any]:
     return {"name": "envoy.transport_sockets.tls", "typed_config": tls}
 
 
+def _trust_proxies(hcm: dict[str, Any], settings: Settings) -> None:
+    """Behind trusted proxies: the client is the rightmost `x-forwarded-for` address outside their
+    networks when the connection comes from one of them, and the connection's own address when it
+    does not (a client that reaches Envoy directly cannot claim another address).
+
+    Envoy's XFF extension cannot be combined with `use_remote_address`, and without it Envoy no
+    longer treats requests as coming from the edge: it keeps a client's x-request-id, x-envoy-* and
+    x-forwarded-proto headers. They are removed first (early header mutation, before Envoy assigns
+    the request id and reads x-forwarded-for), and `x-envoy-external-address`, which the chain
+    reads the source from (auth_guard), is written from the address the extension found, ahead
+    of ext_proc. Measured with Envoy 1.40 (tests/dataplane/test_trusted_proxies.py)."""
+    cidrs = [
+        {"address_prefix": str(net.network_address), "prefix_len": net.prefixlen}
+        for net in settings.trusted_proxy_networks
+    ]
+    hcm["use_remote_address"] = False
+    hcm["original_ip_detection_extensions"] = [
+        {
+            "name": "envoy.http.original_ip_detection.xff",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.http.original_ip_detection.xff.v3.XffConfig",
+                "xff_trusted_cidrs": {"cidrs": cidrs},
+            },
+        }
+    ]
+    remove: list[dict[str, Any]] = [{"remove_on_match": {"key_matcher": {"prefix": "x-envoy-"}}}]
+    remove += [{"remove": h} for h in ("x-request-id", "x-forwarded-proto", "x-forwarded-port")]
+    hcm["early_header_mutation_extensions"] = [
+        {
+            "name": "envoy.http.early_header_mutation.header_mutation",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+                "mutations": remove,
+            },
+        }
+    ]
+    external = {
+        "header": {"key": "x-envoy-external-address", "value": "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"},
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    }
+    hcm["http_filters"].insert(
+        0,
+        {
+            "name": "envoy.filters.http.header_mutation",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                "mutations": {"request_mutations": [{"append": external}]},
+            },
+        },
+    )
+
+
 def render(
     settings: Settings,
     registry: Registry,
@@ -423,6 +475,8 @@ def render(
         chain["transport_socket"] = _downstream_tls(settings, secrets)
     hcm = chain["filters"][0]["typed_config"]
     hcm["local_reply_config"]["mappers"] = _local_reply_mappers()
+    if settings.trusted_proxies:
+        _trust_proxies(hcm, settings)
     return doc
 
 

@@ -5,6 +5,7 @@ Only policy hot-reloads; everything here is fixed for the life of a process.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -102,6 +103,11 @@ class Settings:
     extproc_tls_key_file: Path | None = None
     extproc_tls_ca_file: Path | None = None
     extproc_tls_name: str = ""
+    # Proxies in front of Envoy (load balancers) trusted to name the client in `x-forwarded-for`:
+    # a request whose connection comes from one of these networks is the rightmost address of its
+    # x-forwarded-for outside them. Empty: every client is the connection's own address, whatever
+    # x-forwarded-for says (docs/operations.md, "Behind a load balancer").
+    trusted_proxies: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -155,9 +161,15 @@ class Settings:
             extproc_tls_key_file=_path(e, "ZTGATE_EXTPROC_TLS_KEY_FILE"),
             extproc_tls_ca_file=_path(e, "ZTGATE_EXTPROC_TLS_CA_FILE"),
             extproc_tls_name=e.get("ZTGATE_EXTPROC_TLS_NAME", ""),
+            trusted_proxies=_list(e.get("ZTGATE_TRUSTED_PROXIES", "")),
         )
         s.check()
         return s
+
+    @property
+    def trusted_proxy_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """`trusted_proxies` as networks (a bare address is a network of one)."""
+        return [ipaddress.ip_network(p) for p in self.trusted_proxies]
 
     @property
     def scheme(self) -> str:
@@ -232,5 +244,17 @@ class Settings:
         ):
             if tls_file is not None and not tls_file.is_file():
                 raise ValueError(f"{name} names no file: {tls_file}")
+        for proxy in self.trusted_proxies:
+            try:
+                net = ipaddress.ip_network(proxy)
+            except ValueError as exc:
+                raise ValueError(
+                    f"ZTGATE_TRUSTED_PROXIES: {proxy!r} is not an address or a network such as 10.0.0.0/8 ({exc})"
+                ) from exc
+            if net.prefixlen == 0:
+                raise ValueError(
+                    f"ZTGATE_TRUSTED_PROXIES: {proxy!r} trusts every address, so any client could claim"
+                    " to be any other: name the proxies' own networks"
+                )
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.instance):
             raise ValueError(f"ZTGATE_INSTANCE must be a plain host name, got {self.instance!r}")

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import forget, remember
-from tests.harness import KEY, GatewayEnv, ScriptedUpstream, registry_for, start_gateway
+from tests.harness import KEY, GatewayEnv, ScriptedUpstream, chat_answer, registry_for, start_gateway
 
 pytestmark = pytest.mark.dataplane
 
@@ -17,6 +17,15 @@ pytestmark = pytest.mark.dataplane
 @pytest.fixture(scope="module")
 def openai_up() -> Iterator[ScriptedUpstream]:
     up = ScriptedUpstream("openai").start()
+    yield up
+    up.stop()
+
+
+@pytest.fixture(scope="module")
+def chat_up() -> Iterator[ScriptedUpstream]:
+    """An OpenAI upstream whose every chat completion says "ok"."""
+    up = ScriptedUpstream("openai").start()
+    up.handler = lambda _r: chat_answer("ok")
     yield up
     up.stop()
 

@@ -20,6 +20,10 @@ from tests.harness import ROOT
     [
         (ROOT / "gateway" / "defaults" / "registry.yaml", Settings()),
         (ROOT / "deploy" / "registry.yaml", Settings(listen_address="0.0.0.0", worker_host="gateway")),  # noqa: S104
+        (
+            ROOT / "gateway" / "defaults" / "registry.yaml",
+            Settings(trusted_proxies=("10.0.0.0/8", "2001:db8::/32")),
+        ),
     ],
 )
 def test_envoy_validates_rendered_config(tmp_path: Path, registry: Path, settings: Settings) -> None:
