@@ -7,7 +7,8 @@ route: 2 ext_proc phases, since no filter reads the answer); the same chain with
 (`bench.answer_reader`, a filter that takes the answer and does nothing: 4 phases, the answer
 parsed), the chain with PII redaction of answers (4 phases, as the shipped default policy
 has it), and the real chain again with Envoy's link to the workers under mutual TLS
-(`full+mTLS`). For each, at concurrency 1, 8 and 32: req/s, p50/p99 latency, the p50/p99 added
+(`full+mTLS`) and behind a trusted proxy (`full+proxies`: ZTGATE_TRUSTED_PROXIES names the load
+generator, whose requests carry x-forwarded-for). For each, at concurrency 1, 8 and 32: req/s, p50/p99 latency, the p50/p99 added
 over Envoy alone, and CPU µs per request of Envoy and of the workers (from /proc). Then time to
 first token on a streamed answer, Envoy alone vs the chains.
 
@@ -203,7 +204,7 @@ def _extproc_tls(d: Path, on: bool) -> dict[str, Path]:
 
 
 def _start_gateway(  # noqa: PLR0917 - a benchmark helper, called in one place
-    tmp: Path, name: str, filters: str, up_port: int, sse_port: int, workers: int, envoy_only: bool, tls: bool
+    tmp: Path, name: str, filters: str, up_port: int, sse_port: int, workers: int, envoy_only: bool, mode: str
 ) -> Stack:
     reg = {
         "upstreams": {
@@ -233,11 +234,13 @@ def _start_gateway(  # noqa: PLR0917 - a benchmark helper, called in one place
             "ZTGATE_AUDIT_KEY_FILE": str(d / "audit.key"),
         }
     )
-    tls_files = _extproc_tls(d, tls)
+    tls_files = _extproc_tls(d, mode == "mTLS")
     s = Settings(
         extproc_tls_cert_file=tls_files.get("cert"),
         extproc_tls_key_file=tls_files.get("key"),
         extproc_tls_ca_file=tls_files.get("ca"),
+        # The load generator plays the load balancer: its x-forwarded-for names the client.
+        trusted_proxies=("127.0.0.1",) if mode == "proxies" else (),
         listen_port=free_port(),
         envoy_admin_port=free_port(),
         worker_ports=tuple(free_port() for _ in range(workers)),
@@ -302,9 +305,10 @@ def _start_gateway(  # noqa: PLR0917 - a benchmark helper, called in one place
     )
 
 
-def _request(port: int, body: str, stream: bool = False) -> bytes:
+def _request(port: int, body: str, stream: bool = False, forwarded: bool = False) -> bytes:
     b = body.encode()
     extra = "x-bench-stream: 1\r\n" if stream else ""
+    extra += "x-forwarded-for: 198.51.100.7\r\n" if forwarded else ""
     return (
         f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nauthorization: Bearer {KEY}\r\n"
         f"content-type: application/json\r\ncontent-length: {len(b)}\r\n{extra}\r\n"
@@ -381,8 +385,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def _subset(
-    ap: argparse.ArgumentParser, configs: list[tuple[str, str, bool, bool]], names: str
-) -> list[tuple[str, str, bool, bool]]:
+    ap: argparse.ArgumentParser, configs: list[tuple[str, str, bool, str]], names: str
+) -> list[tuple[str, str, bool, str]]:
     """The set-ups named in --configs, with envoy-only (the added columns' base)."""
     wanted = {"envoy-only", *(c.strip() for c in names.split(","))}
     unknown = wanted - {c[0] for c in configs}
@@ -403,17 +407,19 @@ def main() -> None:
     )
     args = ap.parse_args()
     configs = [
-        ("envoy-only", "static_route", True, False),
-        ("grpc floor", "bare", False, False),
-        ("no-op chain", "static_route", False, False),
-        ("full chain", "principal,protocol,route", False, False),
+        ("envoy-only", "static_route", True, ""),
+        ("grpc floor", "bare", False, ""),
+        ("no-op chain", "static_route", False, ""),
+        ("full chain", "principal,protocol,route", False, ""),
         # The same, with Envoy's link to the workers under mutual TLS (ZTGATE_EXTPROC_TLS_*).
-        ("full+mTLS", "principal,protocol,route", False, True),
-        ("+ answers", "principal,protocol,route,read_answers", False, False),
-        ("chain + pii", "principal,protocol,route,pii", False, False),
+        ("full+mTLS", "principal,protocol,route", False, "mTLS"),
+        # The same, behind a trusted proxy (ZTGATE_TRUSTED_PROXIES) that names the client in XFF.
+        ("full+proxies", "principal,protocol,route", False, "proxies"),
+        ("+ answers", "principal,protocol,route,read_answers", False, ""),
+        ("chain + pii", "principal,protocol,route,pii", False, ""),
         # The shipped policy's chain without the classifier: + the Redis review check per request
         # and one chained audit record (fingerprints) per request.
-        ("+ risk+audit", "principal,risk,protocol,route,pii,audit", False, False),
+        ("+ risk+audit", "principal,risk,protocol,route,pii,audit", False, ""),
     ]
     if args.configs:
         configs = _subset(ap, configs, args.configs)
@@ -426,12 +432,12 @@ def main() -> None:
         upstream.wait_ready(lambda: port_open("127.0.0.1", up_port), 30)
         _sse_upstream(sse_port)
         try:
-            for name, filters, envoy_only, tls in configs:
+            for name, filters, envoy_only, mode in configs:
                 stack = _start_gateway(
-                    tmp, name.replace(" ", "-"), filters, up_port, sse_port, args.workers, envoy_only, tls
+                    tmp, name.replace(" ", "-"), filters, up_port, sse_port, args.workers, envoy_only, mode
                 )
                 try:
-                    req = _request(stack.url_port, BODY)
+                    req = _request(stack.url_port, BODY, forwarded=mode == "proxies")
                     asyncio.run(_load(stack.url_port, req, 8, 300))  # warm-up
                     results[name] = {}
                     for c in (1, 8, 32):

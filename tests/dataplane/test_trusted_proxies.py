@@ -10,6 +10,7 @@ reaches Envoy directly stays its own address whatever it claims, and the edge's 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,20 @@ def _forwarded_for(chat_up: ScriptedUpstream, r: httpx.Response) -> str:
     return got.headers["x-forwarded-for"]
 
 
+def _access_log(env: GatewayEnv, r: httpx.Response) -> tuple[str, str, int]:
+    """Client, peer and status of `r` in Envoy's access log (flushed once a second)."""
+    rid = r.headers["x-request-id"]
+    until = time.monotonic() + 10
+    while True:
+        for line in env.logs(0).splitlines():
+            if line.startswith("{") and f'"request_id":"{rid}"' in line.replace(" ", ""):
+                doc = json.loads(line)
+                if doc.get("logger") == "envoy":
+                    return doc["client"], doc["peer"], int(doc["status"])
+        assert time.monotonic() < until, f"no access log line for {rid}"
+        time.sleep(0.2)
+
+
 def _blocked(env: GatewayEnv) -> dict[str, Any]:
     shown = env.cli("auth-guard", "show")
     assert shown.returncode == 0, shown.stderr
@@ -69,6 +84,8 @@ def test_the_client_is_the_proxys_forwarded_address_and_a_direct_client_cannot_c
         # Through the proxy, the client is the address it forwarded; the model server is told it.
         via = _post(env, PROXY, KEY, **{"x-forwarded-for": "198.51.100.8"})
         assert _forwarded_for(chat_up, via) == "198.51.100.8"
+        # Envoy's access log has both: the client, and the proxy it came through.
+        assert _access_log(env, via)[0:2] == ("198.51.100.8", PROXY)
         # A chain of proxies: trusted hops are walked past, to the first address outside them.
         chain = _post(env, PROXY, KEY, **{"x-forwarded-for": "203.0.113.5, 2001:db8:7e57::9, 127.0.0.2"})
         assert _forwarded_for(chat_up, chain) == "203.0.113.5"
@@ -77,7 +94,9 @@ def test_the_client_is_the_proxys_forwarded_address_and_a_direct_client_cannot_c
         assert _forwarded_for(chat_up, garbled) == PROXY
         # A client that reaches Envoy directly is its own address, whatever it claims.
         spoof = {"x-forwarded-for": "198.51.100.8", "x-envoy-external-address": "198.51.100.8"}
-        assert _forwarded_for(chat_up, _post(env, DIRECT, KEY, **spoof)) == DIRECT
+        direct = _post(env, DIRECT, KEY, **spoof)
+        assert _forwarded_for(chat_up, direct) == DIRECT
+        assert _access_log(env, direct)[0:2] == (DIRECT, DIRECT)
 
         # auth_guard counts the client behind the proxy, not the proxy: two wrong keys from
         # 198.51.100.7 block that client alone ...
