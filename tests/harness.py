@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from aiohttp import web
@@ -28,6 +28,9 @@ from gateway.procs import free_port
 from gateway.registry import Registry
 from gateway.settings import Settings
 from gateway.supervisor import Gateway
+
+if TYPE_CHECKING:
+    import trustme
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "ztg-test-key-0001"
@@ -370,3 +373,11 @@ def registry_for(
         "models": models,
         "server_default": server_default or {},
     }
+
+
+def tls_listener_files(tmp: Path, ca: trustme.CA) -> dict[str, str]:
+    """A certificate for 127.0.0.1 from `ca`, written under tmp, as the listener's TLS settings."""
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_pem.write_to_path(str(tmp / "server.key"))
+    (tmp / "server.crt").write_bytes(b"".join(pem.bytes() for pem in cert.cert_chain_pems))
+    return {"ZTGATE_TLS_CERT_FILE": str(tmp / "server.crt"), "ZTGATE_TLS_KEY_FILE": str(tmp / "server.key")}

@@ -17,7 +17,7 @@ import trustme
 
 from gateway import metrics
 from gateway.metrics import render_tls
-from tests.harness import KEY, ScriptedUpstream, registry_for, running
+from tests.harness import KEY, ScriptedUpstream, registry_for, running, tls_listener_files
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -26,13 +26,6 @@ def _registry(up: ScriptedUpstream) -> dict[str, object]:
     return registry_for(
         {"v": ("openai", up.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
     )
-
-
-def _server_files(tmp: Path, ca: trustme.CA) -> dict[str, str]:
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_pem.write_to_path(str(tmp / "server.key"))
-    (tmp / "server.crt").write_bytes(b"".join(pem.bytes() for pem in cert.cert_chain_pems))
-    return {"ZTGATE_TLS_CERT_FILE": str(tmp / "server.crt"), "ZTGATE_TLS_KEY_FILE": str(tmp / "server.key")}
 
 
 def _client(ca: trustme.CA, cert: trustme.LeafCert | None = None) -> ssl.SSLContext:
@@ -45,7 +38,7 @@ def _client(ca: trustme.CA, cert: trustme.LeafCert | None = None) -> ssl.SSLCont
 
 def test_the_listener_terminates_tls(tmp_path: Path, openai_up: ScriptedUpstream) -> None:
     ca = trustme.CA()
-    env_vars = _server_files(tmp_path, ca)
+    env_vars = tls_listener_files(tmp_path, ca)
     openai_up.requests.clear()
     with running(tmp_path / "gw", _registry(openai_up), workers=1, env=env_vars) as env:
         assert env.url.startswith("https://")
@@ -78,7 +71,7 @@ def test_a_client_ca_makes_every_client_show_a_certificate(
     tmp_path: Path, openai_up: ScriptedUpstream
 ) -> None:
     ca, client_ca, stranger_ca = trustme.CA(), trustme.CA(), trustme.CA()
-    env_vars = _server_files(tmp_path, ca)
+    env_vars = tls_listener_files(tmp_path, ca)
     client_ca.cert_pem.write_to_path(str(tmp_path / "clients.crt"))
     env_vars["ZTGATE_TLS_CLIENT_CA_FILE"] = str(tmp_path / "clients.crt")
     openai_up.requests.clear()

@@ -10,14 +10,16 @@ reaches Envoy directly stays its own address whatever it claims, and the edge's 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import trustme
 
-from tests.harness import KEY, GatewayEnv, ScriptedUpstream, chat_registry, running_policy
+from tests.harness import KEY, GatewayEnv, ScriptedUpstream, chat_registry, running_policy, tls_listener_files
 
 pytestmark = pytest.mark.dataplane
 
@@ -148,3 +150,23 @@ def test_the_edge_guarantees_hold_behind_proxies(tmp_path: Path, chat_up: Script
                 "x-envoy-external-address": source
             }, got
         assert len(chat_up.requests) == 2
+
+
+def test_behind_proxies_a_tls_listener_still_tells_model_servers_https(
+    tmp_path: Path, chat_up: ScriptedUpstream
+) -> None:
+    ca = trustme.CA()
+    env_vars = {"ZTGATE_TRUSTED_PROXIES": PROXY, **tls_listener_files(tmp_path, ca)}
+    with running_policy(tmp_path, chat_registry(chat_up.port), POLICY, env_vars) as env:
+        chat_up.requests.clear()
+        ctx = ssl.create_default_context()
+        ca.configure_trust(ctx)
+        transport = httpx.HTTPTransport(local_address=PROXY, verify=ctx)
+        with httpx.Client(transport=transport, timeout=10) as client:
+            r = client.post(
+                f"{env.url}/v1/chat/completions",
+                json=CHAT,
+                headers={"authorization": f"Bearer {KEY}", "x-forwarded-proto": "http"},
+            )
+        assert _forwarded_for(chat_up, r) == PROXY
+        assert chat_up.requests[-1].headers["x-forwarded-proto"] == "https"  # the connection's, not the claim
