@@ -8,9 +8,9 @@ route: 2 ext_proc phases, since no filter reads the answer); the same chain with
 parsed), the chain with PII redaction of answers (4 phases, as the shipped default policy
 has it), and the real chain again with Envoy's link to the workers under mutual TLS
 (`full+mTLS`) and behind a trusted proxy (`full+proxies`: ZTGATE_TRUSTED_PROXIES names the load
-generator, whose requests carry x-forwarded-for). For each, at concurrency 1, 8 and 32: req/s, p50/p99 latency, the p50/p99 added
-over Envoy alone, and CPU µs per request of Envoy and of the workers (from /proc). Then time to
-first token on a streamed answer, Envoy alone vs the chains.
+generator, whose requests carry x-forwarded-for). For each, at concurrency 1, 8 and 32: req/s,
+p50/p99 latency, the p50/p99 added over Envoy alone, and CPU µs per request of Envoy and of the
+workers (from /proc). Then time to first token on a streamed answer, Envoy alone vs the chains.
 
     .venv/bin/python -m bench.latency [--requests 3000] [--workers 2] [--configs 'grpc floor,+ answers']
 
