@@ -290,38 +290,55 @@ def test_the_listener_s_certificate_and_client_ca_rotate_without_a_restart(
         )
         return r.status_code
 
+    def admitted(who: trustme.LeafCert) -> bool:
+        try:
+            return chat(who) == 200
+        except httpx.TransportError:  # a client certificate the listener does not trust
+            return False
+
+    def refusals(secret: str) -> int:
+        state = env.gw.tls_state()
+        assert state is not None and state["days_until_first_cert_expiring"] > 300_000  # trustme: year 3000
+        return int(state["rotations_refused"][secret])
+
     openai_up.requests.clear()
     with running(tmp_path / "gw", _registry(openai_up), workers=1, env=env_vars) as env:
         url, port = env.url, env.settings.listen_port
         assert _served(port, ca, old_app) == _der(first) and chat(old_app) == 200
-        # A new certificate and a new client CA, renamed into place (key first) while Envoy runs.
+        # A new certificate renamed into place (key first) while Envoy runs, then a new client CA.
         cert_pem, key_pem = _pems(second)
         _install(tls, "server.key", key_pem)
         _install(tls, "server.crt", cert_pem)
+        _until(lambda: _served(port, ca, old_app) == _der(second))
         _install(tls, "clients.crt", clients_2.cert_pem.bytes())
-        _until(lambda: _served(port, ca, new_app) == _der(second))
-        assert chat(new_app) == 200
-        with pytest.raises(httpx.TransportError):  # the old client CA is no longer trusted
-            chat(old_app)
+        _until(lambda: admitted(new_app))
+        assert not admitted(old_app)  # the old client CA is no longer trusted
 
         # A broken file is refused and the last good certificate kept; Envoy counts the refusal
-        # (the key renamed before its certificate above was one already: a pair that did not match),
+        # (so does a key renamed before its certificate is, if Envoy reads the pair in between),
         # and /readyz and /metrics show it.
-        def refusals() -> int:
-            state = env.gw.tls_state()
-            assert (
-                state is not None and state["days_until_first_cert_expiring"] > 300_000
-            )  # trustme: year 3000
-            return int(state["rotations_refused"]["listener-cert"])
-
-        before = refusals()
+        before = refusals("listener-cert")
         _install(tls, "server.crt", b"-----BEGIN CERTIFICATE-----\nnot a certificate\n")
-        _until(lambda: refusals() == before + 1)
+        _until(lambda: refusals("listener-cert") == before + 1)
         text = render_tls(env.gw.tls_state())
         assert f'ztgate_tls_rotations_refused_total{{secret="listener-cert"}} {before + 1.0}' in text
         assert 'ztgate_tls_rotations_refused_total{secret="listener-client-ca"} 0.0' in text
         assert _served(port, ca, new_app) == _der(second) and chat(new_app) == 200
-    assert len(openai_up.requests) == 3
+
+        # The certificate and the client CA are one TLS context: a CA renamed while the
+        # certificate is broken (or its pair incomplete) is refused and counted too, and comes
+        # into force with the next good certificate that differs from the last good one.
+        third_app = (clients_3 := trustme.CA()).issue_cert("app@acme")
+        _install(tls, "clients.crt", clients_3.cert_pem.bytes())
+        _until(lambda: refusals("listener-client-ca") == 1)
+        assert admitted(new_app) and not admitted(third_app)
+        third = ca.issue_cert("127.0.0.1")
+        cert_pem, key_pem = _pems(third)
+        _install(tls, "server.key", key_pem)
+        _install(tls, "server.crt", cert_pem)
+        _until(lambda: admitted(third_app))
+        assert not admitted(new_app) and _served(port, ca, third_app) == _der(third)
+    assert len(openai_up.requests) == 5
 
 
 def test_the_workers_certificate_rotates_without_a_restart(
