@@ -3,9 +3,10 @@
 Presidio's stock regexes anchor on `\\b`, which never matches between a Han character and a
 digit or a letter (`卡号4111…`, `邮箱a@b.com谢谢`). These use explicit look-arounds on digits
 and letters instead, validate what they match (check digits, dates, mod-97, Luhn, card schemes)
-and read context words on the raw characters *before* a match: tokenizers split Chinese badly,
-and a streamed answer has not produced the characters after a match yet when it must be
-released, so context after a match would make streamed and whole-text redaction disagree.
+and read context words on the raw characters *before* a match: tokenizers split Chinese badly.
+After a match only one thing is read: a phone number's label right behind it (`078 6657 2626
+office`, `…-Fax`), within a few characters; a streamed answer holds such a number back until
+those characters have arrived (classifiers/pii/stream.py), so both read the same text.
 
 Every recognizer here scans text that the engine has already NFKC-normalized (full-width digits
 and letters are ASCII by then).
@@ -75,6 +76,31 @@ _PHONE_WORDS = (
     "手机", "电话", "联系", "致电", "拨打", "来电", "微信", "号码", "热线",
     "phone", "mobile", "tel", "call", "contact", "cell", "fax", "whatsapp", "text me", "reach", "answering",
 )  # fmt: skip
+# A label right behind a phone number (`… 2626 office`, `…-Fax`, `…（手机）`): up to three
+# separators, then the word. Read in the LABEL_WINDOW characters after a match of seven digits or
+# more made of PHONE_RUN characters only; a stream holds such a number back until LABEL_REACH
+# characters follow it, so it is never released before its label could be read.
+_PHONE_LABELS = ("office", "fax", "mobile", "cell", "tel", "phone", "landline", "手机", "电话", "座机", "传真")  # fmt: skip
+_LABEL_AFTER = re.compile(
+    r"[ \t,:/(\-\u2013\u2014，、]{0,3}(?:"
+    + "|".join(rf"{w}(?![a-z_])" if w.isascii() else w for w in _PHONE_LABELS)
+    + ")"
+)
+LABEL_WINDOW = 16
+LABEL_REACH = LABEL_WINDOW + 4
+LABEL_DIGITS = 7
+# What a phone number is written with (digits, gaps, brackets, `+`, an `ext.`/`x` extension).
+PHONE_RUN = frozenset("0123456789 ().+-#xXeEtT\u00a0")
+
+
+def labelled(text: str, start: int, end: int) -> bool:
+    """Whether the phone-like `text[start:end]` has a phone label right after it."""
+    raw = text[start:end]
+    if sum(c.isdigit() for c in raw) < LABEL_DIGITS or not set(raw) <= PHONE_RUN:
+        return False
+    return _LABEL_AFTER.match(text[end : end + LABEL_WINDOW].lower()) is not None
+
+
 _CN_CARD_WORDS = (
     "银行卡",
     "卡号",
@@ -406,8 +432,8 @@ class PhoneRecognizer(ZtRecognizer):
     """Phone numbers: `phonenumbers` (strictly valid numbers, per configured region) plus
     formatted North-American numbers, which `phonenumbers` rejects when the area code is unassigned.
 
-    A bare run of digits is a phone number only next to a phone word: ten-digit order numbers
-    read as valid US numbers.
+    A bare run of digits is a phone number only next to a phone word (before it, or its label
+    right after it): ten-digit order numbers read as valid US numbers.
     """
 
     ENTITIES = (PHONE_NUMBER,)
@@ -427,6 +453,8 @@ class PhoneRecognizer(ZtRecognizer):
 
     def _score(self, text: str, start: int, raw: str) -> float:
         ctx = context(text, start, _PHONE_WORDS)
+        if ctx == 0 and labelled(text, start, start + len(raw)):
+            ctx = 1
         if ctx < 0:
             return 0.2
         if ctx > 0:
@@ -436,8 +464,10 @@ class PhoneRecognizer(ZtRecognizer):
     def scan(self, text: str) -> Iterator[Finding]:
         for m in self._LOOSE.finditer(text):
             n = sum(c.isdigit() for c in m.group())
-            if 7 <= n <= 15 and "  " not in m.group() and context(text, m.start(), _PHONE_WORDS) > 0:
-                yield Finding(m.start(), m.end(), PHONE_NUMBER, 0.75)
+            if 7 <= n <= 15 and "  " not in m.group():
+                ctx = context(text, m.start(), _PHONE_WORDS)
+                if ctx > 0 or (ctx == 0 and labelled(text, m.start(), m.end())):
+                    yield Finding(m.start(), m.end(), PHONE_NUMBER, 0.75)
         for m in self._NANP.finditer(text):
             yield Finding(m.start(), m.end(), PHONE_NUMBER, max(0.6, self._score(text, m.start(), m.group())))
         for region in self.regions:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from classifiers.invisible import FOLD
@@ -31,7 +31,10 @@ from classifiers.pii.recognizers import (
     CONTEXT_WINDOW,
     EMAIL_PUNCTUATION,
     EMAIL_RUN,
+    LABEL_DIGITS,
+    LABEL_REACH,
     MAX_ENTITY_CHARS,
+    PHONE_RUN,
     SPELLED_AT,
     SPELLED_DOT,
 )
@@ -116,6 +119,38 @@ def safe_cut(text: str, names: tuple[str, ...] = ()) -> int:
     if spelled is not None:
         i = min(i, spelled)
     return max(i, len(text) - HOLD_LIMIT)
+
+
+def _digit(ch: str) -> bool:
+    return ch.isdigit() or ord(ch) in CN_NUMERALS
+
+
+def _phone_char(ch: str) -> bool:
+    if ch in PHONE_RUN or _digit(ch) or ord(ch) in FOLD:
+        return True
+    n, _ = normalize(ch)
+    return len(n) == 1 and n in PHONE_RUN
+
+
+def label_hold(text: str, cut: int, found: Callable[[int, int], bool]) -> int:
+    """`cut`, or the start of a number before it that may still get a label: LABEL_DIGITS digits
+    or more that fewer than LABEL_REACH characters (as the recognizers read them) follow, unless
+    `found(first, last)` says a finding already covers its digits. Its label (`… 2626 office`)
+    may yet arrive, and whole-text redaction reads it (recognizers.labelled)."""
+    p = cut
+    while True:
+        d = p - 1
+        while d >= 0 and not _digit(text[d]):
+            d -= 1
+        if d < 0 or len(normalize(text[d + 1 :])[0]) >= LABEL_REACH:
+            return cut
+        r = d
+        while r > 0 and _phone_char(text[r - 1]):
+            r -= 1
+        first = next(k for k in range(r, d + 1) if _digit(text[k]))
+        if sum(_digit(c) for c in text[r : d + 1]) >= LABEL_DIGITS and not found(first, d + 1):
+            cut = r
+        p = r
 
 
 # An e-mail address with its separators spelled out (`john [at] example [dot] com`) has spaces
@@ -239,6 +274,15 @@ class StreamRedactor:
         ctx = st.tail
         text = ctx + st.pending
         spans = [s for s in self.engine.analyze(text) if s.end > len(ctx)]
+        if not final:
+            base = len(ctx)
+            cut = label_hold(
+                st.pending,
+                cut,
+                lambda a, b: any(s.start <= base + a and base + b <= s.end for s in spans),
+            )
+            if cut <= 0:
+                return ""
         stop = len(ctx) + cut
         if not final:
             # Never cut inside an entity: move the cut before it (or past it, if it ends in time).

@@ -92,6 +92,12 @@ POSITIVE = [
     (f"x{MOBILE}y", "CN_MOBILE", MOBILE),
     (f"cardno{VISA}", "CREDIT_CARD", VISA),
     ("call (415) 555-2671x now", "PHONE_NUMBER", "(415) 555-2671"),
+    # A national number with its label right after it, as address blocks write them.
+    ("Bangladesh 71366\n078 6657 2626 office\n22", "PHONE_NUMBER", "078 6657 2626"),
+    ("Tajikistan 67655\n50-98-28-96-Office,7", "PHONE_NUMBER", "50-98-28-96"),
+    ("home line 9885 1152 (fax)", "PHONE_NUMBER", "9885 1152"),
+    ("地址北京 0479 50 54 03（座机）", "PHONE_NUMBER", "0479 50 54 03"),
+    ("地址北京 0479 50 54 03，电话", "PHONE_NUMBER", "0479 50 54 03"),
     ("phone4155552671", "PHONE_NUMBER", "4155552671"),  # the glued word is the context word
     ("host v192.168.10.23", "IP_ADDRESS", "192.168.10.23"),
     # Spelled out in words (a model told to "write the number in words").
@@ -145,6 +151,10 @@ NEAR_MISSES = [
     "订单号13812345678已发货",  # a mobile's shape, but an order number
     "timestamp 1732982400123",
     "Order #4532015112 shipped",  # ten digits: read as a US number by phonenumbers
+    # A label after a number only where nothing before says otherwise, and only as a word.
+    "order 4532015 office supplies",
+    "room 4532015 offices",
+    "ticket 45 32 01 fax",  # six digits: no phone number
     "build 10.0.0.1.5",  # a dotted version, not an address
     "total 1,234,567.89",
     "ISBN 978-3-16-148410-0",

@@ -31,6 +31,7 @@ TYPED = replacer(Replacement.ENTITY)
 _FILLER = [
     "您好，", "我的", "手机", "身份证号是", "银行卡", "谢谢。", "订单号", "call ", "card ", " and ", "\n",
     " ", "  ", "123", "0", "-", ".", "@", "：", "phone: ", "IBAN ", "ok", "Email ", "version 1.2", "x",
+    " office", "-Office,", " (fax)", "，座机",
 ]  # fmt: skip
 _WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 # Regrouped (an ID in any grouping, a card one digit at a time) or spelled out in English words.
@@ -57,6 +58,8 @@ _VALUES: list[Callable[[random.Random], str]] = [
     synth.ipv4,
     synth.ipv6,
     lambda r: "(415) 555-2671",
+    # A national number that is a phone number only by the label after it (" office" above).
+    lambda r: r.choice(("078 6657 2626", "9885 1152", "0479 50 54 03", "50-98-28-96")),
     # Glued to letters (`ID110…`, `tel138…`, `…2671x`): read with a space between them.
     lambda r: r.choice(("ID", "tel", "No", "x")) + r.choice((synth.cn_id, synth.cn_mobile, synth.card))(r),
     lambda r: (
@@ -216,6 +219,14 @@ def test_hold_back_is_small_and_prose_flows() -> None:
     assert red.held(0) == 4
     assert red.push(0, "0138000，谢谢") == "<CN_MOBILE>，谢谢"
     assert red.flush(0) == ""
+    # A number that only its label would make a phone number waits for the label's characters.
+    assert red.push(1, "Chile 89825\n9885 1152, ") == "Chile 89825\n"
+    assert red.push(1, "office") == "<PHONE_NUMBER>, "  # found: nothing more to wait for
+    assert red.push(1, "\nsee you there, bye now") == "office\nsee you there, bye "
+    assert (
+        red.push(2, "it costs 9885 1152 yen, the total for all of the")
+        == "it costs 9885 1152 yen, the total for all of "
+    )
 
 
 # -- through the protocol and pii filters, as the gateway runs them --------------------------
