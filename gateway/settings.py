@@ -64,6 +64,8 @@ class Settings:
     phase_budget_s: float = 1.0
     message_timeout_s: float = 2.0
     upstream_timeout_s: float = 300.0
+    # At a stop, how long requests in flight (long streamed answers too) get to finish.
+    drain_s: float = 30.0
     max_request_body_bytes: int = 4 * 1024 * 1024
     buffer_limit_bytes: int = 8 * 1024 * 1024
     state_dir: Path = Path(".cache/ztgate")
@@ -138,6 +140,7 @@ class Settings:
             phase_budget_s=_num(e, "ZTGATE_PHASE_BUDGET_S", cls.phase_budget_s),
             message_timeout_s=_num(e, "ZTGATE_MESSAGE_TIMEOUT_S", cls.message_timeout_s),
             upstream_timeout_s=_num(e, "ZTGATE_UPSTREAM_TIMEOUT_S", cls.upstream_timeout_s),
+            drain_s=_num(e, "ZTGATE_DRAIN_S", cls.drain_s),
             max_request_body_bytes=_num(e, "ZTGATE_MAX_REQUEST_BODY_BYTES", cls.max_request_body_bytes),
             buffer_limit_bytes=_num(e, "ZTGATE_BUFFER_LIMIT_BYTES", cls.buffer_limit_bytes),
             state_dir=Path(e.get("ZTGATE_STATE_DIR", str(cls.state_dir))),
@@ -217,6 +220,8 @@ class Settings:
             raise ValueError(f"ZTGATE_CONSUL_TOKEN_FILE names no file: {self.consul_token_file}")
         if self.message_timeout_s <= self.phase_budget_s:
             raise ValueError("message timeout must exceed the per-phase budget, or Envoy answers first")
+        if not 0 <= self.drain_s <= 3600:
+            raise ValueError("ZTGATE_DRAIN_S must be between 0 (stop at once) and 3600 seconds")
         if self.max_request_body_bytes > self.buffer_limit_bytes:
             raise ValueError("max request body must not exceed Envoy's buffer limit")
         if self.audit_segment_bytes < 0:

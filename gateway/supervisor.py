@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -63,6 +64,9 @@ class Gateway:
     # in force and why an edit was refused.
     keys: Reloadable[KeyStore] | None = None
     policy: Reloadable[CompiledPolicy] | None = None
+    # Set when a stop begins (/readyz then answers 503); `hurry` ends the drain early.
+    draining: bool = False
+    hurry: bool = False
 
     def env(self) -> dict[str, str]:
         """Environment for the workers: the same settings, and the shared metrics directory."""
@@ -157,11 +161,54 @@ class Gateway:
                 "--disable-hot-restart",
                 "--file-flush-interval-msec",
                 "1000",
+                # A drain (at a stop, `drain`) asks every client to close its connection at once:
+                # `Connection: close` on HTTP/1 answers, GOAWAY on HTTP/2.
+                "--drain-strategy",
+                "immediate",
+                "--drain-time-s",
+                str(max(1, math.ceil(self.settings.drain_s))),
             ],
             self.run_dir / "logs" / "envoy.log",
         )
         self.procs.append(self.envoy.start())
         self.envoy.wait_ready(self.envoy_ready, 30)
+
+    def _envoy_admin(self, path: str, method: str = "GET") -> bytes:
+        s = self.settings
+        url = f"http://{s.admin_address}:{s.envoy_admin_port}{path}"
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=1.0) as r:
+            return bytes(r.read())
+
+    def active_requests(self) -> int | None:
+        """Client requests Envoy is serving right now; None when its admin does not answer."""
+        wanted = quote(r"^http\.ztgate\.downstream_rq_active$")
+        try:
+            stats = json.loads(self._envoy_admin(f"/stats?format=json&filter={wanted}"))["stats"]
+            return int(next(x["value"] for x in stats if x.get("name") == "http.ztgate.downstream_rq_active"))
+        except (OSError, ValueError, KeyError, TypeError, StopIteration):
+            return None
+
+    def drain(self, timeout_s: float) -> int | None:
+        """Before a stop: let the requests in flight finish, streamed answers too, for up to
+        `timeout_s`. /readyz answers 503 from now on, so a load balancer sends no more; Envoy
+        asks every client to close its connection after the answer it is getting (it still
+        accepts new connections meanwhile, for a balancer slow to notice). Returns the requests
+        still active when the wait ended (0: all finished), None without Envoy to ask."""
+        self.draining = True
+        if self.envoy is None or not self.envoy.alive:
+            return None
+        try:
+            self._envoy_admin("/drain_listeners?graceful", method="POST")
+        except OSError:
+            return None
+        log().info("draining", active=self.active_requests(), timeout_s=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            active = self.active_requests()
+            if active is None or active == 0 or self.hurry or time.monotonic() >= deadline:
+                log().info("drained" if active == 0 else "drain_cut_short", active=active)
+                return active
+            time.sleep(0.1)
 
     def envoy_ready(self) -> bool:
         """Envoy's admin says it is live."""
@@ -179,6 +226,8 @@ class Gateway:
                 and self.feed.alive
                 and bool(cluster_feed.read_status(cds)["healthy"])
             }
+        if self.draining:
+            parts["accepting"] = False
         if self.envoy is not None:
             parts["envoy"] = self.envoy.alive and self.envoy_ready()
         for p, port in zip(self.workers, s.worker_ports, strict=True):
@@ -315,7 +364,8 @@ def _banner(s: Settings, demo: bool) -> str:
         f"Audit chains: {s.audit_path}/ (check them: ./ztgate audit verify {s.audit_path})",
         f"Risk store: {s.redis_url} (the /readyz check 'redis')",
         "",
-        "Ctrl-C stops it.",
+        f"Ctrl-C stops it once the requests in flight are done (up to ZTGATE_DRAIN_S={s.drain_s:g} s); "
+        "a second Ctrl-C stops it at once.",
         "",
     ]
     return "\n".join(lines)
@@ -329,8 +379,14 @@ async def _run(gw: Gateway, demo: bool, on_ready: Callable[[], None]) -> int:
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def signalled() -> None:
+        if stop.is_set():  # a second Ctrl-C/SIGTERM: stop without waiting for the drain
+            gw.hurry = True
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled)
     on_ready()
     print(_banner(s, demo), flush=True)
     users = _redis_filters(gw.policy.current.chain.names) if gw.policy is not None else []
@@ -356,6 +412,8 @@ async def _run(gw: Gateway, demo: bool, on_ready: Callable[[], None]) -> int:
             break
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.5)
+    if code == 0 and s.drain_s > 0:
+        await asyncio.to_thread(gw.drain, s.drain_s)
     await runner.cleanup()
     return code
 

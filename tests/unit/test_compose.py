@@ -11,6 +11,8 @@ import jsonschema
 import pytest
 import yaml
 
+from gateway.settings import Settings
+
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT.parent / "shared" / "schemas" / "compose-spec.json"
 
@@ -87,3 +89,17 @@ def test_gateway_reaches_redis_and_keeps_its_audit_chains(compose: dict[str, Any
     mounts = {v.split(":")[1]: v.split(":")[0] for v in gw["volumes"]}
     assert mounts[env["ZTGATE_STATE_DIR"]] in compose["volumes"]  # a named volume, not the image
     assert gw["hostname"]  # stable audit chain names across container restarts
+
+
+def _seconds(duration: str) -> float:
+    """A Compose duration such as `45s`, `1m30s` or `500ms`, in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_envoy_gets_time_to_drain_before_docker_kills_it(compose: dict[str, Any]) -> None:
+    envoy = compose["services"]["envoy"]
+    drain = float(envoy["environment"].get("ZTGATE_DRAIN_S", Settings().drain_s))
+    assert _seconds(envoy["stop_grace_period"]) >= drain + 10

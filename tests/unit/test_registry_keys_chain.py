@@ -285,6 +285,10 @@ def test_unknown_filter_is_an_error() -> None:
         ({"ZTGATE_TRUSTED_PROXIES": "10.0.0.1/8"}, "not an address or a network"),
         ({"ZTGATE_TRUSTED_PROXIES": "lb.internal"}, "not an address or a network"),
         ({"ZTGATE_TRUSTED_PROXIES": "10.0.0.0/8, ::/0"}, "trusts every address"),
+        ({"ZTGATE_DRAIN_S": "-1"}, "ZTGATE_DRAIN_S must be between"),
+        ({"ZTGATE_DRAIN_S": "nan"}, "ZTGATE_DRAIN_S must be between"),
+        ({"ZTGATE_DRAIN_S": "3601"}, "ZTGATE_DRAIN_S must be between"),
+        ({"ZTGATE_DRAIN_S": "soon"}, "must be a number"),
         ({"ZTGATE_TLS_CERT_FILE": "/nonexistent.crt", "ZTGATE_TLS_KEY_FILE": __file__}, "names no file"),
         (
             {"ZTGATE_EXTPROC_TLS_CERT_FILE": __file__, "ZTGATE_EXTPROC_TLS_KEY_FILE": __file__},
