@@ -272,6 +272,19 @@ def start_gateway(
     raise AssertionError("unreachable")
 
 
+def spawn_up(env: dict[str, str], out: Path, *args: str) -> subprocess.Popen[bytes]:
+    """`ztgate up ARGS` as operators run it: a child process in its own session, its output in `out`."""
+    with out.open("wb") as f:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "up", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 @contextlib.contextmanager
 def running(tmp: Path, registry: dict[str, Any], **kw: Any) -> Iterator[GatewayEnv]:
     """A gateway for one test: its logs shown if the test fails, stopped afterwards."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ import yaml
 from gateway import cluster_feed
 from gateway.procs import StartError, free_port, http_ok
 from tests.consul_double import ConsulDouble
-from tests.harness import KEY, ROOT, GatewayEnv, ScriptedUpstream, registry_for, running
+from tests.harness import KEY, GatewayEnv, ScriptedUpstream, registry_for, running, spawn_up
 
 KV_KEY = "ztgate/registry"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -233,15 +231,7 @@ def test_ztgate_up_readiness_follows_consul(
         **{f"ZTGATE_{k}_PORT": str(v) for k, v in ports.items()},
     }
     out = tmp_path / "up.out"
-    with out.open("wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "up", "--no-demo"],
-            cwd=ROOT,
-            env=env,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = spawn_up(env, out, "--no-demo")
 
     def ready() -> tuple[int, dict[str, Any]]:
         r = httpx.get(f"http://127.0.0.1:{ports['ADMIN']}/readyz", timeout=5)

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -34,6 +33,7 @@ from tests.harness import (
     ScriptedUpstream,
     chat_answer,
     chat_registry,
+    spawn_up,
     streamed,
     write_keys,
 )
@@ -106,15 +106,7 @@ def up_factory(tmp_path: Path) -> Iterator[Callable[..., _Up]]:
             **({"ZTGATE_DRAIN_S": str(drain_s)} if drain_s is not None else {}),
         }
         out = d / "up.out"
-        with out.open("wb") as f:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "up", "--no-demo"],
-                cwd=ROOT,
-                env=env,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        proc = spawn_up(env, out, "--no-demo")
         gw = _Up(
             proc,
             f"http://127.0.0.1:{ports['LISTEN']}",

@@ -18,7 +18,7 @@ from gateway import audit
 from gateway.procs import free_port, http_ok, port_open
 from gateway.supervisor import DEMO_KEY
 from tests.e2e.conftest import demo_registry
-from tests.harness import ROOT
+from tests.harness import ROOT, spawn_up
 
 
 def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
@@ -36,15 +36,7 @@ def test_ztgate_up_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
     # The demo key file is the embedded default: the printed key must work.
     env.pop("ZTGATE_KEYS_FILE", None)
     out = tmp_path / "up.out"
-    with out.open("wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "up"],
-            cwd=ROOT,
-            env=env,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = spawn_up(env, out)
     try:
         deadline = time.monotonic() + 90
         while not http_ok(f"http://127.0.0.1:{ports['ADMIN']}/readyz"):
