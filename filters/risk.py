@@ -6,6 +6,10 @@ the answer leaves, the request's high-risk events are recorded: an injection ver
 or `deny` rule (the kinds listed in `count`), and `review` rules, which put the user under
 review at once. `threshold` events within `window_s` put the user under review.
 
+The under-review check is answered from a worker-local copy when it can (`review_cache_s`,
+gateway.risk.ReviewCache: Redis tells every worker of every change to a review key, and without
+that link every request asks Redis).
+
 Redis down or slow: `fail_mode.redis` decides, `deny` (503 risk_unavailable, the default) or
 `allow_with_flag`; the verdict (and so the audit record) names the mode that fired. Monitor-mode
 verdicts of other filters are never counted, and in this filter's own `monitor` mode users under
@@ -15,7 +19,7 @@ review are let through with a `monitor:deny` verdict.
 from __future__ import annotations
 
 import asyncio
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,7 +36,7 @@ from filters.base import (
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
 from gateway.observability import log
-from gateway.risk import Event, RiskStore
+from gateway.risk import MISS, Event, ReviewCache, RiskStore
 
 Kind = Literal["injection", "policy_flag", "policy_deny", "pii_prompt"]
 _DEFAULT_KINDS: tuple[Kind, ...] = ("injection", "policy_flag", "policy_deny")
@@ -67,6 +71,15 @@ class RiskParams(BaseModel):
         default="enforce", description="monitor: count and escalate, but let users under review through."
     )
     timeout_s: float = Field(default=0.25, gt=0.0, le=5.0, description="Time budget of one Redis call.")
+    review_cache_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=300.0,
+        description="How long a worker may reuse a user's under-review lookup, seconds, and only while "
+        "Redis tells it of every change to review keys (client-side caching: a change reaches every "
+        "worker within milliseconds; without that link every request asks Redis). 0: ask Redis on "
+        "every request.",
+    )
 
 
 _UNAVAILABLE = Deny(503, ErrorCode.RISK_UNAVAILABLE, "the risk service is unavailable; try again later")
@@ -79,20 +92,28 @@ class Risk(BaseFilter):
     phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.SETTLE
     needs: ClassVar[tuple[str, ...]] = ("principal",)
 
-    def __init__(self, store: RiskStore, params: RiskParams) -> None:
+    def __init__(self, store: RiskStore, params: RiskParams, cache: ReviewCache | None = None) -> None:
         self.store = store
         self.params = params
         self.counted = frozenset(params.count)
+        self.cache = cache if params.review_cache_s > 0 else None
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
         who = ctx.principal
         if who is None:
             return CONTINUE
-        try:
-            async with asyncio.timeout(self.params.timeout_s):
-                review = await self.store.review(who.tenant, who.user)
-        except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
-            return self._failed(ctx, exc)
+        key = self.store.keys(who.tenant, who.user)[2]
+        cache = self.cache
+        review: Any = MISS if cache is None else cache.get(key)
+        if review is MISS:
+            token = None if cache is None else cache.begin()
+            try:
+                async with asyncio.timeout(self.params.timeout_s):
+                    review = await self.store.review_at(key)
+            except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
+                return self._failed(ctx, exc)
+            if cache is not None:
+                cache.put(key, token, review, self.params.review_cache_s)
         if review is None:
             return CONTINUE
         detail = f"since_ms={review.get('since_ms')},reason={review.get('reason')}"
@@ -149,6 +170,8 @@ class Risk(BaseFilter):
         if rec.escalated and rec.review is not None:
             detail += f",reason={rec.review.get('reason')}"
         action = "escalate" if rec.escalated else "count"
+        if rec.escalated and self.cache is not None:
+            self.cache.drop(self.store.keys(who.tenant, who.user)[2])
         ctx.verdicts.append(Verdict(self.name, "record", action, 0.0, detail))
         if rec.escalated:
             log().warning(
@@ -172,4 +195,8 @@ def _build(env: BuildEnv, params: RiskParams) -> Risk:
     store = env.engine(
         f"risk:{params.timeout_s}", lambda: RiskStore.from_url(s.redis_url, s.redis_prefix, params.timeout_s)
     )
-    return Risk(store, params)
+    # One invalidation link per process, shared like the pool; used when the policy allows copies.
+    cache = env.engine(
+        "risk:review-cache", lambda: ReviewCache(s.redis_url, s.redis_prefix, params.timeout_s)
+    )
+    return Risk(store, params, cache)
