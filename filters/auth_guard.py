@@ -15,6 +15,10 @@ commonly holds a whole /64.
 Networks under `exempt` are neither counted nor blocked. No source address (an Envoy set up
 otherwise): refused, 500, never let through unchecked.
 
+Whether a network is blocked is answered from a worker-local copy when it can (`block_cache_s`,
+gateway.redis_copies: Redis tells every worker of every block set or lifted; without that link
+every request asks Redis).
+
 Redis down or slow: `fail_mode.redis` decides, `deny` (503 `auth_guard_unavailable`, the default)
 or `allow_with_flag`. In `monitor` mode a blocked network's requests go through with a
 `monitor:deny` verdict. The address is never written into verdicts or the audit record; the log
@@ -26,17 +30,21 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import math
-from typing import ClassVar, Literal
+import time
+from typing import ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from filters.base import CONTINUE, BaseFilter, Decision, Deny, Phase, RequestContext, Verdict, fail_mode
 from filters.chain import BuildEnv, register
-from gateway.auth_guard import AuthFailStore
+from gateway.auth_guard import AuthFailStore, block_copies
 from gateway.errors import ErrorCode
 from gateway.observability import log
+from gateway.redis_copies import RedisCopies, read_through
 
 SOURCE_HEADER = "x-envoy-external-address"
+_UNSEEN: Final = "\x00unseen"
+_NETWORKS_KEPT = 4096
 _COUNTED = frozenset({ErrorCode.INVALID_API_KEY, ErrorCode.EXPIRED_API_KEY, ErrorCode.DISABLED_API_KEY})
 
 
@@ -72,6 +80,15 @@ class AuthGuardParams(BaseModel):
         description="monitor: count and block, but let a blocked network's requests through, marked.",
     )
     timeout_s: float = Field(default=0.25, gt=0.0, le=5.0, description="Time budget of one Redis call.")
+    block_cache_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=300.0,
+        description="How long a worker may reuse a network's block lookup, seconds (a block's copy "
+        "lasts as long as the block), and only while Redis tells it of every block set or lifted "
+        "(client-side caching: a change reaches every worker within milliseconds; without that link "
+        "every request asks Redis). 0: ask Redis on every request.",
+    )
 
     @field_validator("exempt")
     @classmethod
@@ -97,14 +114,26 @@ class AuthGuard(BaseFilter):
     phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.SETTLE
     precedes: ClassVar[tuple[str, ...]] = ("principal",)
 
-    def __init__(self, store: AuthFailStore, params: AuthGuardParams) -> None:
+    def __init__(
+        self, store: AuthFailStore, params: AuthGuardParams, cache: RedisCopies[float] | None = None
+    ) -> None:
         self.store = store
         self.params = params
+        self.cache = cache if params.block_cache_s > 0 else None
+        self._networks: dict[str, str | None] = {}
         self.exempt = tuple(ipaddress.ip_network(n) for n in params.exempt)
         self.counted = (_COUNTED | {ErrorCode.MISSING_API_KEY}) if params.count_missing else _COUNTED
 
     def network(self, address: str) -> str | None:
         """The network `address` counts in (None: exempt). ValueError if it is no address."""
+        net = self._networks.get(address, _UNSEEN)
+        if net is _UNSEEN:
+            if len(self._networks) >= _NETWORKS_KEPT:  # a bounded memo: ipaddress parsing costs ~30 µs
+                self._networks.clear()
+            net = self._networks[address] = self._network(address)
+        return net
+
+    def _network(self, address: str) -> str | None:
         ip = ipaddress.ip_address(address.strip().removeprefix("[").removesuffix("]"))
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped
@@ -124,10 +153,12 @@ class AuthGuard(BaseFilter):
             return CONTINUE
         ctx.state[self.name] = net
         try:
-            async with asyncio.timeout(self.params.timeout_s):
-                left = await self.store.blocked_ms(net)
+            ends = await read_through(
+                self.cache, self.store.block_key(net), self._block_ends, self.params.timeout_s, self._keep_s
+            )
         except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
             return fail_mode(ctx, self.name, "redis", type(exc).__name__, _UNAVAILABLE)
+        left = math.ceil((ends - time.monotonic()) * 1000) if ends else 0
         if left <= 0:
             return CONTINUE
         detail = f"blocked,retry_after_ms={left}"
@@ -142,6 +173,15 @@ class AuthGuard(BaseFilter):
             f"too many failed authentications from this network; retry in {retry_s} s",
             (("retry-after", str(retry_s)), ("retry-after-ms", str(left))),
         )
+
+    async def _block_ends(self, key: str) -> float:
+        """When the block under `key` ends (time.monotonic()), 0.0 if there is none."""
+        left = await self.store.blocked_ms_at(key)
+        return time.monotonic() + left / 1000 if left > 0 else 0.0
+
+    def _keep_s(self, ends: float) -> float:
+        # A block's copy ends with the block; "not blocked" is kept for block_cache_s.
+        return ends - time.monotonic() if ends else self.params.block_cache_s
 
     async def on_settle(self, ctx: RequestContext) -> Decision:
         net = ctx.state.get(self.name)
@@ -160,6 +200,8 @@ class AuthGuard(BaseFilter):
             Verdict(self.name, "failure", "count", 0.0, f"failures={got.failures}/{p.failures}")
         )
         if got.blocked_ms:
+            if self.cache is not None:
+                self.cache.drop(self.store.block_key(net))
             ctx.verdicts.append(Verdict(self.name, "failure", "block", 0.0, f"block_ms={got.blocked_ms}"))
             log().warning(
                 "auth_guard_blocked",
@@ -191,4 +233,8 @@ def _build(env: BuildEnv, params: AuthGuardParams) -> AuthGuard:
         f"auth_guard:{params.timeout_s}",
         lambda: AuthFailStore.from_url(s.redis_url, s.redis_prefix, params.timeout_s),
     )
-    return AuthGuard(store, params)
+    # One invalidation link per process, shared like the pool; used when the policy allows copies.
+    cache = env.engine(
+        "auth_guard:block-copies", lambda: block_copies(s.redis_url, s.redis_prefix, params.timeout_s)
+    )
+    return AuthGuard(store, params, cache)

@@ -7,7 +7,7 @@ or `deny` rule (the kinds listed in `count`), and `review` rules, which put the 
 review at once. `threshold` events within `window_s` put the user under review.
 
 The under-review check is answered from a worker-local copy when it can (`review_cache_s`,
-gateway.risk.ReviewCache: Redis tells every worker of every change to a review key, and without
+gateway.redis_copies: Redis tells every worker of every change to a review key, and without
 that link every request asks Redis).
 
 Redis down or slow: `fail_mode.redis` decides, `deny` (503 risk_unavailable, the default) or
@@ -36,7 +36,8 @@ from filters.base import (
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
 from gateway.observability import log
-from gateway.risk import MISS, Event, ReviewCache, RiskStore
+from gateway.redis_copies import RedisCopies, read_through
+from gateway.risk import Event, RiskStore, review_copies
 
 Kind = Literal["injection", "policy_flag", "policy_deny", "pii_prompt"]
 _DEFAULT_KINDS: tuple[Kind, ...] = ("injection", "policy_flag", "policy_deny")
@@ -92,7 +93,9 @@ class Risk(BaseFilter):
     phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.SETTLE
     needs: ClassVar[tuple[str, ...]] = ("principal",)
 
-    def __init__(self, store: RiskStore, params: RiskParams, cache: ReviewCache | None = None) -> None:
+    def __init__(
+        self, store: RiskStore, params: RiskParams, cache: RedisCopies[dict[str, Any] | None] | None = None
+    ) -> None:
         self.store = store
         self.params = params
         self.counted = frozenset(params.count)
@@ -103,17 +106,12 @@ class Risk(BaseFilter):
         if who is None:
             return CONTINUE
         key = self.store.keys(who.tenant, who.user)[2]
-        cache = self.cache
-        review: Any = MISS if cache is None else cache.get(key)
-        if review is MISS:
-            token = None if cache is None else cache.begin()
-            try:
-                async with asyncio.timeout(self.params.timeout_s):
-                    review = await self.store.review_at(key)
-            except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
-                return self._failed(ctx, exc)
-            if cache is not None:
-                cache.put(key, token, review, self.params.review_cache_s)
+        try:
+            review = await read_through(
+                self.cache, key, self.store.review_at, self.params.timeout_s, self._keep_s
+            )
+        except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
+            return self._failed(ctx, exc)
         if review is None:
             return CONTINUE
         detail = f"since_ms={review.get('since_ms')},reason={review.get('reason')}"
@@ -125,6 +123,9 @@ class Risk(BaseFilter):
             return CONTINUE
         ctx.verdicts.append(Verdict(self.name, "check", "deny", 0.0, detail))
         return Deny(self.params.status, ErrorCode.USER_UNDER_REVIEW, self.params.message)
+
+    def _keep_s(self, _review: dict[str, Any] | None) -> float:
+        return self.params.review_cache_s
 
     def events(self, ctx: RequestContext) -> tuple[list[Event], str]:
         """The request's high-risk events, and the review rule that escalates (if any)."""
@@ -197,6 +198,6 @@ def _build(env: BuildEnv, params: RiskParams) -> Risk:
     )
     # One invalidation link per process, shared like the pool; used when the policy allows copies.
     cache = env.engine(
-        "risk:review-cache", lambda: ReviewCache(s.redis_url, s.redis_prefix, params.timeout_s)
+        "risk:review-copies", lambda: review_copies(s.redis_url, s.redis_prefix, params.timeout_s)
     )
     return Risk(store, params, cache)

@@ -18,6 +18,7 @@ from urllib.parse import quote, unquote
 import redis.asyncio as aioredis
 
 from gateway import _redis
+from gateway.redis_copies import RedisCopies
 
 # KEYS: failures, block. ARGV: member, window ms, failures that block, block ms.
 # Returns {failures in the window, ms the network is now blocked for (0: not blocked)}; a network
@@ -67,9 +68,17 @@ class AuthFailStore:
     def _key(self, network: str, what: str) -> str:
         return f"{self.prefix}authfail:{{{quote(network, safe='')}}}:{what}"
 
+    def block_key(self, network: str) -> str:
+        """The key present while `network` is blocked."""
+        return self._key(network, "block")
+
     async def blocked_ms(self, network: str) -> int:
         """How long `network` stays blocked (0: it is not)."""
-        return max(0, int(await self.client.pttl(self._key(network, "block"))))
+        return await self.blocked_ms_at(self.block_key(network))
+
+    async def blocked_ms_at(self, key: str) -> int:
+        """How long the block under `key` (a `block_key`) lasts (0: there is none)."""
+        return max(0, int(await self.client.pttl(key)))
 
     async def fail(self, network: str, window_s: int, failures: int, block_s: int) -> Failure:
         """Count one failed authentication from `network`; block it at `failures` in `window_s`."""
@@ -107,3 +116,8 @@ class AuthFailStore:
     async def aclose(self) -> None:
         """Close the connection pool."""
         await self.client.aclose()
+
+
+def block_copies(url: str, prefix: str, timeout_s: float, **kw: Any) -> RedisCopies[float]:
+    """The worker's copies of networks' blocks (when the block ends, time.monotonic(); 0.0: none)."""
+    return RedisCopies(url, f"{prefix}authfail:", ":block", timeout_s, **kw)

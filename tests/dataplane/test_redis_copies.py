@@ -1,8 +1,8 @@
-"""The worker-local under-review copies against real Redis: every change reaches them, nothing stale stays.
+"""Worker-local copies of Redis keys (review records, network blocks) against real Redis.
 
-The cache's promise is that a copy is reused only while Redis is telling the worker of every
-change to review keys. These scenarios change review keys the ways operators and replicas do,
-break the link (killed, silent, flushed) and check what a lookup then gets.
+The promise is that a copy is reused only while Redis is telling the worker of every change to
+those keys. These scenarios change the keys the ways operators and replicas do, break the link
+(killed, silent, flushed) and check what a lookup then gets.
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ import httpx
 import redis
 import redis.asyncio as aioredis
 
+from gateway.auth_guard import AuthFailStore, block_copies
 from gateway.procs import free_port
-from gateway.risk import MISS, ReviewCache, RiskStore
+from gateway.redis_copies import MISS, RedisCopies, read_through
+from gateway.risk import RiskStore, review_copies
 from tests.harness import KEY, ScriptedUpstream, registry_for, running_policy
 
 REDIS = "redis://127.0.0.1:6379/0"
 POLICY = """\
 version: 1
 chain:
+  - filter: auth_guard
   - filter: principal
   - filter: risk
   - filter: protocol
@@ -42,9 +45,11 @@ async def _until(cond: Callable[[], bool], what: str, within_s: float = 3.0) -> 
 
 
 @contextlib.asynccontextmanager
-async def _cache(url: str = REDIS, **kw: float) -> AsyncIterator[tuple[ReviewCache, RiskStore]]:
+async def _cache(
+    url: str = REDIS, **kw: float
+) -> AsyncIterator[tuple[RedisCopies[dict[str, Any] | None], RiskStore]]:
     prefix = f"ztgate-test-cache-{os.getpid()}-{free_port()}:"
-    cache = ReviewCache(url, prefix, kw.pop("timeout_s", 0.5), **kw)  # type: ignore[arg-type]
+    cache = review_copies(url, prefix, kw.pop("timeout_s", 0.5), **kw)
     store = RiskStore.from_url(REDIS, prefix, 2.0)
     try:
         assert cache.get("warm-up") is MISS  # the first lookup starts the link
@@ -58,14 +63,9 @@ async def _cache(url: str = REDIS, **kw: float) -> AsyncIterator[tuple[ReviewCac
         await store.aclose()
 
 
-async def _look(cache: ReviewCache, store: RiskStore, key: str) -> object:
+async def _look(cache: RedisCopies[dict[str, Any] | None], store: RiskStore, key: str) -> object:
     """What the risk filter does: the copy, else Redis (kept if nothing changed meanwhile)."""
-    got = cache.get(key)
-    if got is MISS:
-        token = cache.begin()
-        got = await store.review_at(key)
-        cache.put(key, token, got, 10.0)
-    return got
+    return await read_through(cache, key, store.review_at, 2.0, lambda _: 10.0)
 
 
 def _run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -209,40 +209,84 @@ def test_a_flushed_database_drops_every_copy() -> None:
     _run(scenario)
 
 
-def _gets() -> int:
+def test_a_block_copy_lasts_as_long_as_the_block_and_a_lifted_block_reaches_it() -> None:
+    async def scenario() -> None:
+        prefix = f"ztgate-test-blocks-{os.getpid()}-{free_port()}:"
+        cache = block_copies(REDIS, prefix, 0.5)
+        store = AuthFailStore.from_url(REDIS, prefix, 2.0)
+        try:
+            net = "192.0.2.7/32"
+            key = store.block_key(net)
+            assert cache.get(key) is MISS
+            await _until(lambda: cache.live, "the cache subscribed")
+            token = cache.begin()
+            assert await store.blocked_ms_at(key) == 0
+            cache.put(key, token, 0.0, 10.0)
+            assert cache.get(key) == 0.0
+            # Another replica blocks the network (its second failure): the copy goes at once.
+            await store.fail(net, 60, 2, 60)
+            assert (await store.fail(net, 60, 2, 60)).blocked_ms == 60_000
+            await _until(lambda: cache.get(key) is MISS, "the block reached the copy")
+            # The operator lifts it: the copy of the block goes too.
+            token = cache.begin()
+            cache.put(key, token, 1e12, await store.blocked_ms_at(key) / 1000)
+            assert cache.get(key) == 1e12
+            assert await store.clear(net) == 1
+            await _until(lambda: cache.get(key) is MISS, "the lifted block reached the copy")
+            # A copy never outlives its block, even with no message at all.
+            cache.put(key, cache.begin(), 1.0, 0.05)
+            await asyncio.sleep(0.1)
+            assert cache.get(key) is MISS
+        finally:
+            await store.clear()
+            await cache.aclose()
+            await store.aclose()
+
+    _run(scenario)
+
+
+def _calls(command: str) -> int:
     stats = redis.Redis.from_url(REDIS).info("commandstats")
-    return int(stats.get("cmdstat_get", {}).get("calls", 0))
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
-def test_workers_answer_the_review_check_from_their_copies(tmp_path: Path, chat_up: ScriptedUpstream) -> None:
+def test_workers_answer_the_block_and_review_checks_from_their_copies(
+    tmp_path: Path, chat_up: ScriptedUpstream
+) -> None:
     reg = registry_for(
         {"v": ("openai", chat_up.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
     )
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
     auth = {"authorization": f"Bearer {KEY}"}
     with running_policy(tmp_path, reg, POLICY, workers=2) as env:
-        name = f"ztgate-review-cache@{env.settings.redis_prefix}"
+        prefix = env.settings.redis_prefix
+        names = {f"ztgate-copies@{prefix}risk:*:review", f"ztgate-copies@{prefix}authfail:*:block"}
         with httpx.Client(base_url=env.url, headers=auth, timeout=10) as client:
-            for _ in range(4):  # both workers start their link
+            for _ in range(4):  # both workers start their links
                 assert client.post("/v1/chat/completions", json=body).status_code == 200
 
             def linked() -> int:
                 listed = redis.Redis.from_url(REDIS, decode_responses=True).client_list()
-                return sum(1 for c in listed if c["name"] == name and "t" in c["flags"] and c["sub"] == "1")
+                return sum(1 for c in listed if c["name"] in names and "t" in c["flags"] and c["sub"] == "1")
 
-            asyncio.run(_until(lambda: linked() == 2, "both workers follow the review keys"))
-            for _ in range(2):  # each worker keeps a copy
+            asyncio.run(_until(lambda: linked() == 4, "both workers follow the review and block keys"))
+            for _ in range(2):  # each worker keeps its copies
                 assert client.post("/v1/chat/completions", json=body).status_code == 200
-            before = _gets()
+            gets, pttls = _calls("get"), _calls("pttl")
             assert [client.post("/v1/chat/completions", json=body).status_code for _ in range(10)] == [
                 200
             ] * 10
-            assert _gets() - before <= 2
+            assert _calls("get") - gets <= 2 and _calls("pttl") - pttls <= 2
             # The CLI's change reaches both workers' copies: held at once, released at once.
-            store_key = f"{env.settings.redis_prefix}risk:{{acme/alice}}:review"
-            redis.Redis.from_url(REDIS).set(store_key, '{"reason": "rule:ops"}')
+            redis.Redis.from_url(REDIS).set(f"{prefix}risk:{{acme/alice}}:review", '{"reason": "rule:ops"}')
             held = [client.post("/v1/chat/completions", json=body) for _ in range(4)]
             assert {r.status_code for r in held} == {403}
             out = env.cli("risk", "clear", "--tenant", "acme", "--user", "alice")
             assert out.returncode == 0, out.stderr
+            assert [client.post("/v1/chat/completions", json=body).status_code for _ in range(4)] == [200] * 4
+            # A block set behind the gateway's back (as another replica would) reaches both workers.
+            redis.Redis.from_url(REDIS).set(f"{prefix}authfail:{{127.0.0.1%2F32}}:block", 3, px=60_000)
+            blocked = [client.post("/v1/chat/completions", json=body) for _ in range(4)]
+            assert {r.status_code for r in blocked} == {429}
+            assert env.cli("auth-guard", "clear", "--all").returncode == 0
             assert [client.post("/v1/chat/completions", json=body).status_code for _ in range(4)] == [200] * 4
