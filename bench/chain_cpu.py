@@ -8,7 +8,7 @@ the process's CPU time per request: protobuf parse and serialize, the server, th
 filters, metrics and the request's JSON log line (written to /dev/null). What is left of the
 worker CPU in `bench.latency` is gRPC's.
 
-    .venv/bin/python -m bench.chain_cpu [--requests 5000] [--rounds 3] [--evict MB]
+    .venv/bin/python -m bench.chain_cpu [--requests 5000] [--rounds 3] [--evict MB] [--no-copies]
 
 In a tight loop every request finds the code and data of the one before in the CPU's caches.
 Behind Envoy at concurrency 1 it does not: Envoy, the load generator and the other workers run
@@ -16,7 +16,12 @@ between two requests of a worker. `--evict MB` touches every cache line of a buf
 before each request (not counted), so the figures show what a request costs when it starts with
 cold caches.
 
-The set-ups are bench.latency's (`+ risk+audit` needs Redis on ZTGATE_REDIS_URL, default
+`--no-copies` sets `review_cache_s` and `block_cache_s` to 0: risk and auth_guard then ask Redis
+on every request instead of answering from the worker's copies (gateway.redis_copies).
+
+The set-ups are bench.latency's, and `+ guard+risk+audit` (auth_guard first, as the shipped
+policy has it; the request carries the client address Envoy would add). Those with risk or
+auth_guard need Redis on ZTGATE_REDIS_URL, default
 127.0.0.1:6379; its keys use a prefix of this run's own and are deleted at the end).
 """
 
@@ -55,7 +60,9 @@ CONFIGS = (
     ("+ answers", "principal,protocol,route,read_answers", 4),
     ("chain + pii", "principal,protocol,route,pii", 4),
     ("+ risk+audit", "principal,risk,protocol,route,pii,audit", 4),
+    ("+ guard+risk+audit", "auth_guard,principal,risk,protocol,route,pii,audit", 4),
 )
+_NO_COPIES = {"risk": {"review_cache_s": 0}, "auth_guard": {"block_cache_s": 0}}
 
 
 def _headers(pairs: list[tuple[str, str]]) -> Any:
@@ -75,6 +82,7 @@ def _messages() -> list[bytes]:
         ("user-agent", "bench"),
         ("x-forwarded-proto", "http"),
         ("x-request-id", "7d4c5a1e-2b9f-4c3d-8e6f-0a1b2c3d4e5f"),
+        ("x-envoy-external-address", "192.0.2.1"),
     ]
     answer_headers = [
         (":status", "200"),
@@ -122,7 +130,14 @@ async def _timed(server: ExtProcServer, wire: list[bytes], requests: int, evict:
 
 
 async def _measure(  # noqa: PLR0917 - a benchmark helper, called in one place
-    tmp: Path, name: str, filters: str, messages: int, requests: int, rounds: int, evict: bytearray
+    tmp: Path,
+    name: str,
+    filters: str,
+    messages: int,
+    requests: int,
+    rounds: int,
+    evict: bytearray,
+    no_copies: bool,
 ) -> list[float]:
     d = tmp / name.replace(" ", "-").replace("+", "p")
     d.mkdir()
@@ -135,10 +150,13 @@ async def _measure(  # noqa: PLR0917 - a benchmark helper, called in one place
         yaml.safe_dump({"keys": [{"id": "b", "sha256": digest(KEY), "user": "bench", "tenant": "bench"}]})
     )
     prefix = f"ztgate-chain-cpu-{os.getpid()}:"
+    chain = [{"filter": f, **(_NO_COPIES.get(f, {}) if no_copies else {})} for f in filters.split(",")]
+    (d / "policy.yaml").write_text(yaml.safe_dump({"version": 1, "chain": chain}))
     s = Settings.from_env(
         {
             **os.environ,
-            "ZTGATE_FILTERS": filters,
+            "ZTGATE_FILTERS": "",
+            "ZTGATE_POLICY_FILE": str(d / "policy.yaml"),
             "ZTGATE_STATIC_UPSTREAM": "bench",
             "ZTGATE_FILTER_MODULES": "bench.answer_reader",
             "ZTGATE_REGISTRY_FILE": str(d / "registry.yaml"),
@@ -160,13 +178,13 @@ async def _measure(  # noqa: PLR0917 - a benchmark helper, called in one place
                 raise RuntimeError(f"{name}: the chain refused the benchmark request")
         return [await _timed(server, wire, requests, evict) / requests * 1e6 for _ in range(rounds)]
     finally:
-        if "risk" in filters.split(","):
+        if {"risk", "auth_guard"} & set(filters.split(",")):
             await _drop_keys(env, prefix)
         await env.close()
 
 
 async def _drop_keys(env: BuildEnv, prefix: str) -> None:
-    """Delete this run's Redis keys (risk graphs of the bench user)."""
+    """Delete this run's Redis keys (the bench user's risk graph, the bench network's failures)."""
     import redis.asyncio as aioredis
 
     client = aioredis.from_url(env.settings.redis_url)
@@ -185,6 +203,7 @@ def main() -> None:
     ap.add_argument(
         "--evict", type=int, default=0, metavar="MB", help="touch MB of memory before each request"
     )
+    ap.add_argument("--no-copies", action="store_true", help="risk and auth_guard ask Redis on every request")
     args = ap.parse_args()
     evict = bytearray(args.evict * 1024 * 1024)
     results = []
@@ -194,18 +213,28 @@ def main() -> None:
             with contextlib.redirect_stderr(null):
                 setup_logging("info")
                 rounds = uvloop.run(
-                    _measure(Path(tmpdir), name, filters, messages, args.requests, args.rounds, evict)
+                    _measure(
+                        Path(tmpdir),
+                        name,
+                        filters,
+                        messages,
+                        args.requests,
+                        args.rounds,
+                        evict,
+                        args.no_copies,
+                    )
                 )
             results.append((name, messages, rounds))
     print(
         f"\nztgate in-process CPU per request (no gRPC), {args.requests} requests x {args.rounds} rounds, "
         f"Python {sys.version.split()[0]}, {os.cpu_count()} cores"
         + (f", every cache line of {args.evict} MB touched before each request" if args.evict else "")
+        + (", risk and auth_guard asking Redis every request (--no-copies)" if args.no_copies else "")
         + "\n"
     )
-    print(f"{'config':<14} {'messages':>8} {'µs per request (each round)':>30}")
+    print(f"{'config':<18} {'messages':>8} {'µs per request (each round)':>30}")
     for name, phases, rounds in results:
-        print(f"{name:<14} {phases:>8} {' '.join(f'{r:8.0f}' for r in rounds):>30}")
+        print(f"{name:<18} {phases:>8} {' '.join(f'{r:8.0f}' for r in rounds):>30}")
 
 
 if __name__ == "__main__":
