@@ -71,8 +71,6 @@ class RedisCopies(Generic[V]):
         self.heartbeat_s = heartbeat_s
         self.max_entries = max_entries
         self.live = False  # subscribed, and the last ping was answered in time
-        self.hits = 0
-        self.misses = 0
         self._entries: OrderedDict[str, tuple[float, V]] = OrderedDict()
         self._seq = 0  # moves on every change of a followed key and whenever the copies are dropped
         self._task: asyncio.Task[None] | None = None
@@ -85,10 +83,8 @@ class RedisCopies(Generic[V]):
             self._task = asyncio.get_running_loop().create_task(self._run(), name=self.client_name)
         hit = self._entries.get(key)
         if hit is None or hit[0] < time.monotonic():
-            self.misses += 1
             return MISS
         self._entries.move_to_end(key)
-        self.hits += 1
         return hit[1]
 
     def begin(self) -> int | None:
