@@ -4,8 +4,8 @@
 
 Against a real Redis, in-process (one event loop, as a worker runs it), the filter's own hooks on
 real request contexts: a request limit's admission (`Quota.on_request_headers`: one Lua script
-per request, two limits), and a token limit's check at request headers plus its count at SETTLE
-(`TokenQuota`); a concurrency limit's lease at request headers and its release when the stream
+per request, two limits), and a token limit's check at request headers, its reservation at the
+request body and its count in place of the reservation at SETTLE (`TokenQuota`); a concurrency limit's lease at request headers and its release when the stream
 ends; auth_guard's check of the source network at request headers (every request),
 and that check plus the count of a refused key at SETTLE. Prints p50/p99 wall time per request and the process's CPU per request
 (`time.process_time`: the filter, redis-py's asyncio client and the event loop together). The
@@ -22,13 +22,13 @@ from collections.abc import Awaitable, Callable
 
 import uvloop
 
-from filters._protocols import Answer
+from filters._protocols import Answer, Prompt, Segment
 from filters.auth_guard import AuthGuard, AuthGuardParams
 from filters.base import Principal, RequestContext
 from filters.quota import Quota, QuotaParams, TokenQuota
 from gateway.auth_guard import AuthFailStore
 from gateway.quota import QuotaStore
-from gateway.registry import Registry
+from gateway.registry import Protocol, Registry
 
 REGISTRY = Registry.from_yaml("upstreams: {}\nmodels: {}\n")
 
@@ -37,6 +37,7 @@ def _ctx(i: int) -> RequestContext:
     source = {"x-envoy-external-address": f"198.51.100.{i % 200}"}
     ctx = RequestContext(f"r{i}", "POST", "/v1/chat/completions", source, REGISTRY)
     ctx.principal = Principal("k1", f"user{i % 50}", "acme")
+    ctx.prompt = Prompt(Protocol.OPENAI, "chat", "m", segments=(Segment("user", "hello " * 60),), document={})
     ctx.answer = Answer(usage={"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": 100})
     return ctx
 
@@ -100,9 +101,10 @@ async def run(url: str, calls: int) -> None:
     async def admit(i: int) -> None:
         await requests.on_request_headers(_ctx(i))
 
-    async def token_check_and_count(i: int) -> None:
+    async def token_check_reserve_and_count(i: int) -> None:
         ctx = _ctx(i)
         await tokens.on_request_headers(ctx)
+        await tokens.on_request_body(ctx, b"")
         await tokens.on_settle(ctx)
 
     try:
@@ -110,13 +112,13 @@ async def run(url: str, calls: int) -> None:
         print(f"quota and auth_guard filters against {url}, {calls} requests each, one event loop")
         for name, work in (
             ("request limits (2), admit", admit),
-            ("token limit, check + count", token_check_and_count),
+            ("token limit, check+reserve+count", token_check_reserve_and_count),
             ("concurrency, lease + release", lease_and_release),
             ("auth_guard, check", guard_check),
             ("auth_guard, refused key", guard_check_and_count),
         ):
             p50, p99, cpu = await _timed(calls, work)
-            print(f"  {name:<28} p50 {p50:.3f} ms  p99 {p99:.3f} ms  CPU {cpu:.0f} µs per request")
+            print(f"  {name:<32} p50 {p50:.3f} ms  p99 {p99:.3f} ms  CPU {cpu:.0f} µs per request")
     finally:
         keys = [k async for k in store.client.scan_iter(match=f"{prefix}*")]
         if keys:

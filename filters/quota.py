@@ -6,11 +6,15 @@ limit: a request limit with no room left, or a token limit used up, refuses it w
 seconds and `retry-after-ms` (which the `openai` SDK honours when it retries). An admitted request
 is counted in every request limit at once.
 
-Token limits count each forwarded request's tokens when it ends: the answer's `usage.total_tokens`
-(OpenAI answers, and streams with `stream_options.include_usage`), else an estimate of its prompt
-and answer text (UTF-8 bytes / 4, rounded up; a KServe answer, a stream without usage). A chain
-with a token limit therefore reads answers (4 phases); one with request limits only reads request
-headers.
+Token limits admit a request while the window's tokens are under the limit. Its body then
+reserves what it may use (its prompt, estimated, and its answer's cap: `max_tokens` or
+`max_completion_tokens` times `n`, else the policy's `reserve_tokens`), counted at once, so the
+requests in flight hold their place and a burst cannot all pass on one window's room. When it
+ends, its tokens replace the reservation: the answer's `usage.total_tokens` (OpenAI answers, and
+streams with `stream_options.include_usage`), else an estimate of its prompt and answer text
+(UTF-8 bytes / 4, rounded up; a KServe answer, a stream without usage); a request never
+forwarded gives its reservation back. A chain with a token limit therefore reads answers (4
+phases); one with request limits only reads request headers.
 
 Redis down or slow: `fail_mode.redis` decides, `deny` (503 quota_unavailable, the default) or
 `allow_with_flag`. In `monitor` mode a request over a limit goes through with a `monitor:deny`
@@ -26,6 +30,7 @@ from typing import ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from filters._protocols import Prompt
 from filters.base import (
     CONTINUE,
     BaseFilter,
@@ -41,6 +46,7 @@ from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
 from gateway.observability import log
 from gateway.quota import Admission, Kind, Per, QuotaStore, Window
+from gateway.registry import Protocol
 
 
 class Limit(BaseModel):
@@ -117,6 +123,13 @@ class QuotaParams(BaseModel):
         default="enforce", description="monitor: count, and let requests over a limit through, marked."
     )
     timeout_s: float = Field(default=0.25, gt=0.0, le=5.0, description="Time budget of one Redis call.")
+    reserve_tokens: int = Field(
+        default=1024,
+        ge=0,
+        le=10**7,
+        description="Token limits: answer tokens reserved, while it is in flight, for a request that "
+        "sets no max_tokens (max_completion_tokens; KServe: max_tokens).",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> Self:
@@ -243,7 +256,8 @@ class Quota(BaseFilter):
         return Deny(
             429,
             ErrorCode.TOKEN_QUOTA_EXCEEDED,
-            f"token quota {lim.name!r} used up ({lim.tokens} tokens per {lim.window} s); retry in {retry_s} s",
+            f"token quota {lim.name!r} used up ({lim.tokens} tokens per {lim.window} s, those reserved "
+            f"by requests in flight included); retry in {retry_s} s",
             headers,
         )
 
@@ -256,24 +270,74 @@ def _counts(limits: list[Limit], a: Admission) -> str:
 
 
 class TokenQuota(Quota):
-    """Request and token limits: also reads the answer, and counts its tokens at SETTLE."""
+    """Request and token limits: also reserves tokens at the request body, reads the answer, and
+    counts its tokens in place of the reservation at SETTLE."""
 
-    phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.RESPONSE_BODY | Phase.SETTLE
+    phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY | Phase.RESPONSE_BODY | Phase.SETTLE
     needs: ClassVar[tuple[str, ...]] = ("principal", "protocol")
+
+    async def on_request_body(self, ctx: RequestContext, body: bytes) -> Decision:
+        who, p = ctx.principal, ctx.prompt
+        if who is None or p is None:
+            return CONTINUE
+        tokens = reservation(p, self.params.reserve_tokens)
+        try:
+            async with asyncio.timeout(self.params.timeout_s):
+                got, at_ms = await self.store.reserve_tokens(self.windows(who, self.tokens), tokens)
+        except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
+            return fail_mode(ctx, self.name, "redis", type(exc).__name__, _UNAVAILABLE)
+        if got.refused_by is not None:  # the window filled since request headers
+            if any(over_limit(v) for v in ctx.verdicts):
+                return CONTINUE  # monitor mode, over at request headers already: marked once
+            return self._refuse(ctx, self.tokens[got.refused_by], got)
+        ctx.state[_RESERVED] = (tokens, at_ms)
+        detail = f"tokens={tokens},{_counts(self.tokens, got)}"
+        ctx.verdicts.append(Verdict(self.name, "reserve", "count", 0.0, detail))
+        return CONTINUE
 
     async def on_settle(self, ctx: RequestContext) -> Decision:
         who = ctx.principal
-        if who is None or ctx.answer is None:  # never forwarded: no tokens used
+        held = ctx.state.pop(_RESERVED, None)
+        reserved, at_ms = held if isinstance(held, tuple) else (0, 0)
+        if who is None or (ctx.answer is None and not reserved):  # never forwarded: no tokens used
             return CONTINUE
-        tokens, source = used_tokens(ctx)
+        tokens, source = used_tokens(ctx) if ctx.answer is not None else (0, "none")
         try:
             async with asyncio.timeout(self.params.timeout_s):
-                await self.store.add_tokens(self.windows(who, self.tokens), tokens)
+                await self.store.add_tokens(self.windows(who, self.tokens), tokens, reserved, at_ms)
         except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
             log().error("quota_tokens_not_recorded", request_id=ctx.request_id, tokens=tokens)
             return fail_mode(ctx, self.name, "redis", type(exc).__name__, _UNAVAILABLE)
-        ctx.verdicts.append(Verdict(self.name, "tokens", "count", 0.0, f"tokens={tokens},source={source}"))
+        if ctx.answer is not None:
+            detail = f"tokens={tokens},source={source}"
+            ctx.verdicts.append(Verdict(self.name, "tokens", "count", 0.0, detail))
         return CONTINUE
+
+
+_RESERVED = "quota:reserved"
+
+
+def reservation(p: Prompt, answer_default: int) -> int:
+    """Tokens a request may use: its prompt, estimated (UTF-8 bytes / 4, rounded up), and its
+    answer's cap (`max_completion_tokens` or `max_tokens`, times `n` choices; KServe:
+    `max_tokens`, at the top or in `parameters`), else `answer_default`."""
+    doc = p.document if isinstance(p.document, dict) else {}
+    if p.protocol is Protocol.OPENAI:
+        cap = _count(doc.get("max_completion_tokens"))
+        cap = cap if cap is not None else _count(doc.get("max_tokens"))
+        choices = _count(doc.get("n")) or 1
+    else:
+        params = doc.get("parameters")
+        cap = _count(doc.get("max_tokens"))
+        if cap is None and isinstance(params, dict):
+            cap = _count(params.get("max_tokens"))
+        choices = 1
+    answer = (cap if cap is not None else answer_default) * choices
+    return math.ceil(len(p.text.encode()) / 4) + answer
+
+
+def _count(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 def over_limit(v: Verdict) -> tuple[str, str] | None:

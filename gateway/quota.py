@@ -6,8 +6,9 @@ slot (the braces), so one script can check a request against every limit that ap
   request, scored by Redis server time (ms): an exact sliding window, the same on every replica
   whatever their clocks say;
 - `…:<limit>:tokens`: a hash of tokens used per slice of the window (a sixtieth of it, at least
-  1 ms), so the window slides a slice at a time (tokens leave it up to one slice early) and the
-  check reads at most 61 fields.
+  1 ms), so the window slides a slice at a time (tokens leave it up to one slice early), and of
+  tokens reserved by requests in flight per slice (`r<slice>`): the check reads at most 122
+  fields.
 
 - `…:<limit>:concurrent`: a sorted set of the requests in flight (leases), each scored by when
   its lease runs out (as long as an ext_proc stream may last): a request taken at request headers
@@ -16,8 +17,10 @@ slot (the braces), so one script can check a request against every limit that ap
 
 A request is admitted only if every request limit has room; then it is counted in all of them
 at once (a refused request counts nowhere, so a client retrying early does not push its own
-window on). Token limits admit a request while the window's tokens are under the limit and count
-its tokens when it ends, so the last admitted request may go over.
+window on). Token limits admit a request while the window's tokens are under the limit; its
+body reserves what it may use (counted at once, so requests in flight hold their place), and
+when it ends its tokens replace the reservation: only a request that uses more than it
+reserved can take the window over its limit.
 """
 
 from __future__ import annotations
@@ -82,54 +85,116 @@ end
 return counts
 """
 
-# KEYS: one hash per token limit. ARGV: (window ms, slice ms, limit) per key. Drops slices that
-# left the window; returns {0, used, ...} or {i, ms until the i-th limit is under its tokens}.
-_CHECK_TOKENS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local used = {0}
-for i, key in ipairs(KEYS) do
-  local window = tonumber(ARGV[3 * i - 2])
-  local slice = tonumber(ARGV[3 * i - 1])
-  local limit = tonumber(ARGV[3 * i])
+# The tokens a window holds now, used (field: the slice) and reserved by requests in flight
+# (field: `r` + the slice); drops slices that left it. Returns the sum and, when the sum is at
+# the limit or over, the ms until it is under (else 0): while used tokens alone fill the window,
+# until enough of them leave it; when reservations are what fill it, a second (a request in
+# flight that ends gives its reservation back).
+_TOKENS_USED = """
+local function used(key, window, slice, limit, now)
   local first = math.floor((now - window) / slice) + 1
   local slices = {}
-  local sum = 0
+  local sum, reserved = 0, 0
   local all = redis.call('HGETALL', key)
   for j = 1, #all, 2 do
-    local s = tonumber(all[j])
+    local field = all[j]
+    local r = string.sub(field, 1, 1) == 'r'
+    local s = tonumber(r and string.sub(field, 2) or field)
     if s < first then
-      redis.call('HDEL', key, all[j])
+      redis.call('HDEL', key, field)
     else
       local n = tonumber(all[j + 1])
-      sum = sum + n
-      slices[#slices + 1] = {s, n}
-    end
-  end
-  if sum >= limit then
-    table.sort(slices, function(a, b) return a[1] < b[1] end)
-    for _, sn in ipairs(slices) do
-      sum = sum - sn[2]
-      if sum < limit then
-        return {i, math.max(1, sn[1] * slice + window - now)}
+      if r then
+        reserved = reserved + n
+      else
+        sum = sum + n
+        slices[#slices + 1] = {s, n}
       end
     end
   end
-  used[i + 1] = sum
+  if sum < limit then
+    return sum + reserved, (sum + reserved >= limit) and 1000 or 0
+  end
+  table.sort(slices, function(a, b) return a[1] < b[1] end)
+  local left = sum
+  for _, sn in ipairs(slices) do
+    left = left - sn[2]
+    if left < limit then
+      return sum + reserved, math.max(1, sn[1] * slice + window - now)
+    end
+  end
+  return sum + reserved, 1
 end
-return used
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: one hash per token limit. ARGV[1]: tokens; then (window ms, slice ms) per key.
+# KEYS: one hash per token limit. ARGV: (window ms, slice ms, limit) per key. Returns
+# {0, used, ...} or {i, ms until the i-th limit is under its tokens}.
+_CHECK_TOKENS = (
+    _TOKENS_USED
+    + """
+local out = {0}
+for i, key in ipairs(KEYS) do
+  local sum, wait = used(key, tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i]), now)
+  if wait > 0 then
+    return {i, wait}
+  end
+  out[i + 1] = sum
+end
+return out
+"""
+)
+
+# KEYS: one hash per token limit. ARGV[1]: tokens to reserve; then (window ms, slice ms, limit)
+# per key. If every window is under its limit, the tokens are counted in all of them now and
+# the reply is {0, now ms, used before, ...}; else {i, ms until the i-th is under its tokens}.
+_RESERVE_TOKENS = (
+    _TOKENS_USED
+    + """
+local out = {0, now}
+for i, key in ipairs(KEYS) do
+  local sum, wait = used(key, tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1]), now)
+  if wait > 0 then
+    return {i, wait}
+  end
+  out[i + 2] = sum
+end
+local n = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  local window = tonumber(ARGV[3 * i - 1])
+  local slice = tonumber(ARGV[3 * i])
+  redis.call('HINCRBY', key, 'r' .. math.floor(now / slice), n)
+  redis.call('PEXPIRE', key, window + slice)
+end
+return out
+"""
+)
+
+# KEYS: one hash per token limit. ARGV[1]: tokens used; ARGV[2]: tokens reserved for them (0:
+# none) and ARGV[3] when (Redis ms); then (window ms, slice ms) per key. The reservation leaves
+# its slice's field (already gone if that slice left the window) and the tokens used are
+# counted in the current slice.
 _ADD_TOKENS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n = tonumber(ARGV[1])
+local reserved = tonumber(ARGV[2])
 for i, key in ipairs(KEYS) do
-  local window = tonumber(ARGV[2 * i])
-  local slice = tonumber(ARGV[2 * i + 1])
-  redis.call('HINCRBY', key, tostring(math.floor(now / slice)), n)
-  redis.call('PEXPIRE', key, window + slice)
+  local window = tonumber(ARGV[2 * i + 2])
+  local slice = tonumber(ARGV[2 * i + 3])
+  if reserved > 0 then
+    local field = 'r' .. math.floor(tonumber(ARGV[3]) / slice)
+    if redis.call('HEXISTS', key, field) == 1 then
+      if redis.call('HINCRBY', key, field, -reserved) <= 0 then
+        redis.call('HDEL', key, field)
+      end
+    end
+  end
+  if n > 0 then
+    redis.call('HINCRBY', key, tostring(math.floor(now / slice)), n)
+    redis.call('PEXPIRE', key, window + slice)
+  end
 end
 return n
 """
@@ -171,6 +236,7 @@ class QuotaStore:
         self.prefix = prefix
         self._admit = client.register_script(_ADMIT)
         self._check_tokens = client.register_script(_CHECK_TOKENS)
+        self._reserve_tokens = client.register_script(_RESERVE_TOKENS)
         self._add_tokens = client.register_script(_ADD_TOKENS)
         self._lease = client.register_script(_LEASE)
 
@@ -200,9 +266,24 @@ class QuotaStore:
             args += [w.window_ms, w.slice_ms, w.limit]
         return _admission(await self._check_tokens(keys=[w.key for w in windows], args=args))
 
-    async def add_tokens(self, windows: list[Window], tokens: int) -> None:
-        """Count `tokens` in every window."""
+    async def reserve_tokens(self, windows: list[Window], tokens: int) -> tuple[Admission, int]:
+        """If every token window is under its limit, count `tokens` in all of them now, ahead of
+        use; the admission (with the tokens each window held before) and when (Redis ms; 0 if
+        refused), which `add_tokens` needs to take the reservation back."""
         args: list[Any] = [tokens]
+        for w in windows:
+            args += [w.window_ms, w.slice_ms, w.limit]
+        reply = await self._reserve_tokens(keys=[w.key for w in windows], args=args)
+        if int(reply[0]):
+            return _admission(reply), 0
+        return _admission([0, *reply[2:]]), int(reply[1])
+
+    async def add_tokens(
+        self, windows: list[Window], tokens: int, reserved: int = 0, reserved_at_ms: int = 0
+    ) -> None:
+        """Count `tokens` in every window, in place of the `reserved` tokens counted ahead at
+        `reserved_at_ms` (a reservation whose slice has left the window is gone already)."""
+        args: list[Any] = [tokens, reserved, reserved_at_ms]
         for w in windows:
             args += [w.window_ms, w.slice_ms]
         await self._add_tokens(keys=[w.key for w in windows], args=args)
@@ -236,7 +317,10 @@ class QuotaStore:
                 c["oldest_ms"] = int(first[0][1]) if first else None
                 c["newest_ms"] = int(last[0][1]) if last else None
             else:
-                c["used"] = sum(int(v) for v in (await self.client.hgetall(key)).values())
+                fields = await self.client.hgetall(key)  # decoded: str fields and values
+                held = [(str(f).startswith("r"), int(v)) for f, v in fields.items()]
+                c["used"] = sum(n for r, n in held if not r)
+                c["reserved"] = sum(n for r, n in held if r)
             c["expires_in_ms"] = int(await self.client.pttl(key))
             out.append(c)
         return sorted(out, key=lambda c: (c["per"], c["who"], c["limit"], c["kind"]))

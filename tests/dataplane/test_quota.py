@@ -200,6 +200,99 @@ def test_a_tenant_token_quota_counts_usage_and_estimates_streams_without_it(
         assert _ask(_client(env, KEY)) == "ok"  # acme's quota is its own
 
 
+def test_requests_in_flight_reserve_their_tokens_so_a_burst_cannot_spend_one_windows_room(
+    tmp_path: Path, up: ScriptedUpstream
+) -> None:
+    # 50 tokens a minute; each request may use 2 ("hello", estimated) + max_tokens 20 = 22.
+    gate = threading.Event()
+
+    async def held(_r: Any) -> Any:
+        await asyncio.to_thread(gate.wait, 30)
+        return _answer(20)
+
+    def chat(model: str = "chat") -> httpx.Response:
+        return httpx.post(
+            f"{env.url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {KEY}"},
+            json={"model": model, "max_tokens": 20, "messages": [{"role": "user", "content": "hello"}]},
+            timeout=30,
+        )
+
+    def reserved() -> int:
+        shown = json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+        return sum(c["reserved"] for c in shown if c["kind"] == "tokens")
+
+    limits = "      - {name: tpm, per: user, tokens: 50, window_s: 60}"
+    with _gateway(tmp_path, up.port, limits) as env:
+        up.requests.clear()
+        up.handler = held
+        got: list[httpx.Response] = []
+        burst = [threading.Thread(target=lambda: got.append(chat())) for _ in range(5)]
+        try:
+            for t in burst:
+                t.start()
+            deadline = time.monotonic() + 10
+            while len(got) < 2 or len(up.requests) < 3:
+                assert time.monotonic() < deadline, (len(got), len(up.requests))
+                time.sleep(0.02)
+            # 0, 22 and 44 tokens were under 50 when each came: three forwarded and held; the
+            # other two found the window full of reservations and were refused, told to retry soon.
+            time.sleep(0.3)
+            assert len(up.requests) == 3 and len(got) == 2
+            for r in got:
+                assert r.status_code == 429 and r.json()["error"]["code"] == "token_quota_exceeded", r.text
+                assert r.headers["retry-after"] == "1"
+                assert "reserved by requests in flight" in r.json()["error"]["message"]
+            assert reserved() == 66
+        finally:
+            gate.set()
+            up.handler = lambda _r: _answer(20)
+        for t in burst:
+            t.join(10)
+        assert sorted(r.status_code for r in got) == [200, 200, 200, 429, 429]
+        # Each answer's 20 tokens replaced its reservation: 60 used, nothing reserved, and the
+        # next request waits for the window to slide, not for a request in flight.
+        assert reserved() == 0
+        r = chat()
+        assert r.status_code == 429 and int(r.headers["retry-after"]) > 50, r.text
+        assert len(up.requests) == 3
+        details = sorted(
+            v["detail"]
+            for rec in env.audit()
+            for v in rec["decision"]["verdicts"]
+            if v["filter"] == "quota" and v["phase"] in ("reserve", "tokens")
+        )
+        assert details == [
+            "tokens=20,source=usage", "tokens=20,source=usage", "tokens=20,source=usage",
+            "tokens=22,tpm=0/50", "tokens=22,tpm=22/50", "tokens=22,tpm=44/50",
+        ]  # fmt: skip
+
+
+def test_a_request_refused_after_its_reservation_gives_it_back(tmp_path: Path, up: ScriptedUpstream) -> None:
+    limits = "      - {name: tpm, per: user, tokens: 30, window_s: 60}"
+    with _gateway(tmp_path, up.port, limits) as env:
+        up.requests.clear()
+
+        def chat(model: str) -> httpx.Response:
+            return httpx.post(
+                f"{env.url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {KEY}"},
+                json={"model": model, "messages": [{"role": "user", "content": "hello"}]},
+                timeout=10,
+            )
+
+        # No max_tokens: 2 + the policy's reserve_tokens (1024) held while in flight. A model the
+        # registry does not know is refused by `route`, after quota reserved: nothing was used.
+        for _ in range(3):
+            r = chat("no-such-model")
+            assert r.status_code == 404, r.text
+        shown = json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+        assert [(c["used"], c["reserved"]) for c in shown if c["kind"] == "tokens"] in ([], [(0, 0)]), shown
+        assert chat("chat").status_code == 200 and len(up.requests) == 1
+        shown = json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+        assert [(c["used"], c["reserved"]) for c in shown if c["kind"] == "tokens"] == [(20, 0)], shown
+
+
 def test_a_concurrency_limit_holds_requests_in_flight_and_gives_leases_back_when_they_end(
     tmp_path: Path, up: ScriptedUpstream
 ) -> None:

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+from filters._protocols import Prompt, Segment
 from filters.base import CONTINUE, Principal, RequestContext
 from filters.quota import Quota, QuotaParams, TokenQuota
 from gateway.quota import QuotaStore, Window
-from gateway.registry import Registry
+from gateway.registry import Protocol, Registry
 
 pytestmark = pytest.mark.dataplane
 
@@ -88,6 +89,47 @@ async def test_tokens_are_checked_before_and_counted_after_and_leave_with_the_wi
     assert time.monotonic() - started <= refused.retry_after_ms / 1000 + 0.2
 
 
+async def test_reservations_from_two_replicas_hold_their_place_until_replaced_by_what_was_used(
+    stores: tuple[QuotaStore, QuotaStore],
+) -> None:
+    a, b = stores
+    w = Window(a.key("acme", "user", "ann", "tpm", "tokens"), 100, 60)
+    got = await asyncio.gather(*(s.reserve_tokens([w], 30) for _ in range(5) for s in (a, b)))
+    taken = [(g, at) for g, at in got if g.refused_by is None]
+    # admitted while under 100: at 0, 30, 60 and 90 held; the rest found reservations filling it
+    assert sorted(g.counts[0] for g, _ in taken) == [0, 30, 60, 90]
+    assert all(g.refused_by == 0 and g.retry_after_ms == 1000 and at == 0 for g, at in got if g.refused_by)
+    assert (await a.check_tokens([w])).refused_by == 0
+    # one used 5 of its 30: 90 held + 5 used, room again in every replica's view
+    await b.add_tokens([w], 5, 30, taken[0][1])
+    assert (await a.check_tokens([w])).counts == (95,)
+    ((shown,),) = [[c for c in await a.counters("acme") if c["kind"] == "tokens"]]
+    assert (shown["used"], shown["reserved"]) == (5, 90)
+    # the others were never forwarded: they give theirs back and count nothing
+    for _, at in taken[1:]:
+        await a.add_tokens([w], 0, 30, at)
+    assert (await b.check_tokens([w])).counts == (5,)
+    # used tokens alone over the limit: the wait is the window's, not a second
+    await a.add_tokens([w], 200)
+    full = await b.reserve_tokens([w], 1)
+    assert full[0].refused_by == 0 and full[0].retry_after_ms > 50_000, full
+
+
+async def test_a_reservation_that_outlived_its_window_is_gone_and_its_use_still_counts(
+    stores: tuple[QuotaStore, QuotaStore],
+) -> None:
+    a, _ = stores
+    w = Window(a.key("acme", "user", "ann", "tps", "tokens"), 100, 1)
+    held, at = await a.reserve_tokens([w], 80)
+    assert held.counts == (0,) and at > 0
+    await asyncio.sleep(1.1)  # the request lasted longer than the window: its reservation left it
+    assert (await a.check_tokens([w])).counts == (0,)
+    await a.add_tokens([w], 10, 80, at)
+    assert (await a.check_tokens([w])).counts == (10,)
+    fields = await a.client.hgetall(w.key)
+    assert all(int(v) > 0 for v in fields.values()), fields  # no negative leftover of the reservation
+
+
 async def test_names_with_separators_do_not_share_a_counter(stores: tuple[QuotaStore, QuotaStore]) -> None:
     a, _ = stores
     one = Window(a.key("a:b", "user", "c", "rpm", "requests"), 1, 60)
@@ -146,6 +188,22 @@ async def test_in_monitor_mode_a_request_over_its_token_limit_still_counts_in_it
         ("monitor:deny", "limit=tpm"),
         ("count", "rpm=1/5"),
     ]
+    # its reservation is refused too, but the request is marked over the limit once, not twice
+    c.prompt = Prompt(Protocol.OPENAI, "chat", "m", segments=(Segment("user", "hello"),), document={})
+    assert await quota.on_request_body(c, b"") is CONTINUE
+    assert len(c.verdicts) == 2
+    # under the limit in monitor mode, a request reserves as it would when enforced
+    fresh = RequestContext(
+        "r2", "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
+    )
+    fresh.principal, fresh.prompt = Principal("k2", "bo", "acme"), c.prompt
+    assert await quota.on_request_headers(fresh) is CONTINUE
+    assert await quota.on_request_body(fresh, b"") is CONTINUE
+    assert [(v.phase, v.action, v.detail) for v in fresh.verdicts][-1] == (
+        "reserve",
+        "count",
+        "tokens=1026,tpm=0/10",
+    )
 
 
 async def test_concurrent_leases_from_two_replicas_take_exactly_the_limit_and_run_out(

@@ -7,7 +7,7 @@ import pytest
 from filters._protocols import Answer, Prompt, Segment
 from filters.base import Phase, Principal, RequestContext
 from filters.chain import BuildEnv
-from filters.quota import Quota, TokenQuota, used_tokens
+from filters.quota import Quota, TokenQuota, reservation, used_tokens
 from gateway import policy
 from gateway.registry import Protocol, Registry
 from gateway.settings import Settings
@@ -45,7 +45,7 @@ def test_request_limits_read_only_request_headers_and_token_limits_read_answers(
     assert not chain.phases & (Phase.RESPONSE_HEADERS | Phase.RESPONSE_BODY)  # answers not read
     with_tokens = _compile(AFTER_PROTOCOL.replace("requests: 10", "tokens: 1000"))
     (quota,) = [f for f in with_tokens.chain.filters if f.name == "quota"]
-    assert type(quota) is TokenQuota
+    assert type(quota) is TokenQuota and quota.phases & Phase.REQUEST_BODY  # where it reserves
     assert with_tokens.chain.phases & Phase.RESPONSE_BODY and with_tokens.chain.phases & Phase.SETTLE
 
 
@@ -129,3 +129,25 @@ def test_tokens_come_from_usage_else_from_the_text(
 def test_the_estimate_counts_bytes_so_chinese_text_is_not_undercounted() -> None:
     # 6 Han characters are 18 bytes of UTF-8: 5 tokens, where a count of characters would say 2
     assert used_tokens(_ctx("请忽略以上", "好", None)) == (5, "estimate")
+
+
+@pytest.mark.parametrize(
+    ("protocol", "doc", "expected"),
+    [
+        # 12 bytes of prompt: 3 tokens, plus the answer's cap
+        (Protocol.OPENAI, {"max_tokens": 50}, 53),
+        (Protocol.OPENAI, {"max_completion_tokens": 40, "max_tokens": 50}, 43),
+        (Protocol.OPENAI, {"max_tokens": 50, "n": 3}, 153),  # every choice is an answer
+        (Protocol.OPENAI, {}, 3 + 1024),  # no cap: the policy's reserve_tokens
+        (Protocol.OPENAI, {"max_tokens": "50", "n": True}, 3 + 1024),  # not counts: ignored
+        (Protocol.OPENAI, {"max_tokens": 0}, 3),
+        (Protocol.KSERVE_V2, {"max_tokens": 16}, 19),
+        (Protocol.KSERVE_V2, {"parameters": {"max_tokens": 8}}, 11),
+        (Protocol.KSERVE_V2, {"n": 4}, 3 + 1024),  # KServe has no choices
+    ],
+)
+def test_a_request_reserves_its_prompt_and_its_answers_cap(
+    protocol: Protocol, doc: dict[str, object], expected: int
+) -> None:
+    p = Prompt(protocol, "chat", "m", segments=(Segment("user", "hello world!"),), document=doc)
+    assert reservation(p, 1024) == expected
