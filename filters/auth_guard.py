@@ -5,7 +5,9 @@ gets 429 `too_many_auth_failures` whatever key it sends, a right one included (e
 would still learn which of its guesses is right). At SETTLE a request that principal refused for
 its key (`invalid_api_key`, `expired_api_key`, `disabled_api_key`; `missing_api_key` too if
 `count_missing`) counts one failure for its network; the `failures`-th in `window_s` blocks the
-network for `block_s`. Counts and blocks live in Redis, shared by every worker and replica.
+network for `block_s`. It counts in an all-networks counter too: while that holds
+`surge_failures` in `window_s` (a botnet spreads its tries over many networks, each under its
+own limit), `surge_network_failures` of them block a network. Counts and blocks live in Redis, shared by every worker and replica.
 
 The source is `x-envoy-external-address`, the client address as Envoy saw it (it overwrites a
 client's copy): with proxies in front of Envoy, that is the nearest one's unless
@@ -58,6 +60,19 @@ class AuthGuardParams(BaseModel):
     window_s: int = Field(default=300, ge=1, le=86_400, description="...within this many seconds (sliding).")
     block_s: int = Field(
         default=900, ge=1, le=7 * 86_400, description="How long a blocked network is refused, seconds."
+    )
+    surge_failures: int = Field(
+        default=200,
+        ge=0,
+        le=10_000_000,
+        description="Refused keys from all networks together within window_s that make a surge (many "
+        "networks failing at once: a botnet, each network under its own limit); 0: never.",
+    )
+    surge_network_failures: int = Field(
+        default=2,
+        ge=1,
+        le=10_000,
+        description="During a surge, refused keys from one network that block it (at most failures).",
     )
     count_missing: bool = Field(
         default=False,
@@ -188,16 +203,31 @@ class AuthGuard(BaseFilter):
         if not isinstance(net, str) or ctx.error_code not in self.counted:
             return CONTINUE
         p = self.params
+        limit, everywhere = p.failures, 0
         try:
             async with asyncio.timeout(p.timeout_s):
-                got = await self.store.fail(net, p.window_s, p.failures, p.block_s)
+                if p.surge_failures:
+                    everywhere = await self.store.count_surge(p.window_s)
+                    if everywhere >= p.surge_failures:
+                        limit = min(p.failures, p.surge_network_failures)
+                got = await self.store.fail(net, p.window_s, limit, p.block_s)
         except Exception as exc:  # noqa: BLE001 - any store failure goes to the redis fail mode
             log().error("auth_failure_not_recorded", request_id=ctx.request_id)
             return fail_mode(ctx, self.name, "redis", type(exc).__name__, _UNAVAILABLE)
+        if everywhere == p.surge_failures and everywhere:  # the failure that starts a surge: once
+            ctx.verdicts.append(Verdict(self.name, "failure", "surge", 0.0, f"failures={everywhere}"))
+            log().warning(
+                "auth_guard_surge",
+                request_id=ctx.request_id,
+                failures=everywhere,
+                window_s=p.window_s,
+                network_failures=limit,
+            )
         if got.failures == 0:  # blocked meanwhile (by a request of the same network): not counted
             return CONTINUE
+        surge = ",surge" if limit < p.failures else ""
         ctx.verdicts.append(
-            Verdict(self.name, "failure", "count", 0.0, f"failures={got.failures}/{p.failures}")
+            Verdict(self.name, "failure", "count", 0.0, f"failures={got.failures}/{limit}{surge}")
         )
         if got.blocked_ms:
             if self.cache is not None:
@@ -215,11 +245,11 @@ class AuthGuard(BaseFilter):
 
 
 def guard_event(v: Verdict) -> str | None:
-    """What `v` says auth_guard did (metrics): failure, block, refused or monitor; else None."""
+    """What `v` says auth_guard did (metrics): failure, block, surge, refused or monitor; else None."""
     if v.filter != AuthGuard.name:
         return None
     if v.phase == "failure":
-        return "failure" if v.action == "count" else "block"
+        return {"count": "failure", "surge": "surge"}.get(v.action, "block")
     if v.phase == "check" and v.detail.startswith("blocked"):
         return "refused" if v.action == "deny" else "monitor"
     return None

@@ -6,6 +6,13 @@ hash slot (the braces):
   Redis server time (ms): an exact sliding window, the same on every replica;
 - `<prefix>authfail:{<network>}:block`: present while the network is blocked, expiring with the
   block. The failures are forgotten when it is set: a network counts afresh after its block.
+
+And one key for all networks together, `<prefix>authsurge:failures`: a hash of refused keys per
+slice of the window (a sixtieth of it), so that a surge of them from many networks at once (a
+botnet trying leaked keys, each network under its own limit) is seen and the per-network limit
+lowered while it lasts. It lies apart from the networks' keys (its own hash slot, and outside
+the `authfail:` prefix whose changes Redis tells every worker: a flood of failures sends them
+nothing).
 """
 
 from __future__ import annotations
@@ -43,6 +50,28 @@ redis.call('PEXPIRE', KEYS[1], window)
 return {n, 0}
 """
 
+# KEYS: the surge counter. ARGV: window ms, slice ms. Counts one refused key (any network);
+# returns the refused keys in the window, this one included.
+_SURGE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = tonumber(ARGV[1])
+local slice = tonumber(ARGV[2])
+local first = math.floor((now - window) / slice) + 1
+redis.call('HINCRBY', KEYS[1], tostring(math.floor(now / slice)), 1)
+redis.call('PEXPIRE', KEYS[1], window + slice)
+local sum = 0
+local all = redis.call('HGETALL', KEYS[1])
+for j = 1, #all, 2 do
+  if tonumber(all[j]) < first then
+    redis.call('HDEL', KEYS[1], all[j])
+  else
+    sum = sum + tonumber(all[j + 1])
+  end
+end
+return sum
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class Failure:
@@ -59,6 +88,8 @@ class AuthFailStore:
         self.client = client
         self.prefix = prefix
         self._fail = client.register_script(_FAIL)
+        self._surge = client.register_script(_SURGE)
+        self.surge_key = f"{prefix}authsurge:failures"
 
     @classmethod
     def from_url(cls, url: str, prefix: str, timeout_s: float) -> AuthFailStore:
@@ -88,6 +119,12 @@ class AuthFailStore:
         )
         return Failure(int(reply[0]), int(reply[1]))
 
+    async def count_surge(self, window_s: int) -> int:
+        """Count one refused key in the all-networks counter; how many there are in `window_s`
+        (failures leave it up to a sixtieth of the window early)."""
+        window_ms = window_s * 1000
+        return int(await self._surge(keys=[self.surge_key], args=[window_ms, max(1, window_ms // 60)]))
+
     async def sources(self) -> list[dict[str, Any]]:
         """Every network with failures in its window or a block, as stored (failures older than
         the window included until the network's next failure trims them)."""
@@ -107,7 +144,7 @@ class AuthFailStore:
         if network is not None:
             return int(await self.client.delete(self._key(network, "failures"), self._key(network, "block")))
         keys = [k async for k in self.client.scan_iter(match=f"{self.prefix}authfail:*")]
-        return int(await self.client.delete(*keys)) if keys else 0
+        return int(await self.client.delete(*keys, self.surge_key))
 
     async def ping(self) -> bool:
         """Redis answers."""

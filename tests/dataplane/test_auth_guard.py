@@ -144,6 +144,53 @@ def test_refused_keys_block_the_network_even_for_a_right_key_until_the_operator_
         ]
 
 
+def test_a_surge_of_refused_keys_from_many_networks_lowers_every_networks_limit(
+    tmp_path: Path, chat_up: ScriptedUpstream
+) -> None:
+    # A botnet behind the load balancer (127.0.0.2, trusted): one wrong key per network, each far
+    # under its own limit of 5; the 6th refused key in the window from anywhere is a surge, and
+    # then one refused key blocks a network.
+    params = (
+        "    failures: 5\n    window_s: 60\n    block_s: 600\n"
+        "    surge_failures: 6\n    surge_network_failures: 1"
+    )
+
+    def via_proxy(client: str, key: str) -> httpx.Response:
+        headers = {"authorization": f"Bearer {key}", "x-forwarded-for": client}
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10) as c:
+            return c.post(f"{env.url}/v1/chat/completions", headers=headers, json=CHAT)
+
+    with _gateway(tmp_path, chat_up.port, params, ZTGATE_TRUSTED_PROXIES="127.0.0.2") as env:
+        bots = [f"198.51.100.{i}" for i in range(1, 7)]
+        wrong = [via_proxy(ip, f"ztg-leaked-{i}") for i, ip in enumerate(bots)]
+        assert [r.status_code for r in wrong] == [401] * 6, [r.text for r in wrong]
+        assert [_guard_verdicts(env.audit_for(r.headers["x-request-id"])) for r in wrong[:2]] == [
+            [("failure", "count", "failures=1/5")],
+            [("failure", "count", "failures=1/5")],
+        ]
+        assert _guard_verdicts(env.audit_for(wrong[5].headers["x-request-id"])) == [
+            ("failure", "surge", "failures=6"),
+            ("failure", "count", "failures=1/1,surge"),
+            ("failure", "block", "block_ms=600000"),
+        ]
+        blocked = {e["source"] for e in json.loads(env.cli("auth-guard", "show").stdout) if e["blocked_ms"]}
+        assert blocked == {"198.51.100.6/32"}
+        # During the surge a second wrong key from a network that had one blocks it too ...
+        assert via_proxy(bots[0], "ztg-leaked-again").status_code == 401
+        assert via_proxy(bots[0], KEY).status_code == 429
+        # ... and a network with no failure is not blocked, nor is a right key refused.
+        assert via_proxy("198.51.100.99", KEY).status_code == 200
+        assert via_proxy(bots[1], KEY).status_code == 200
+        env.await_metric('ztgate_auth_guard_total{event="surge"} 1.0')
+        assert any('"event": "auth_guard_surge"' in line for line in env.logs(0).splitlines())
+        # The operator ends it: --all forgets the all-networks count with the networks' own.
+        assert env.cli("auth-guard", "clear", "--all").returncode == 0
+        again = via_proxy(bots[2], "ztg-leaked-3")
+        assert _guard_verdicts(env.audit_for(again.headers["x-request-id"])) == [
+            ("failure", "count", "failures=1/5")
+        ]
+
+
 def test_a_block_ends_by_itself_and_exempt_networks_are_never_counted(
     tmp_path: Path, chat_up: ScriptedUpstream
 ) -> None:
@@ -231,3 +278,15 @@ async def test_failures_leave_the_window_as_it_slides(stores: tuple[AuthFailStor
     assert await a.blocked_ms("2001:db8::/64") == 0
     assert await a.clear("2001:db8::/64") == 1
     assert await a.sources() == []
+
+
+async def test_the_all_networks_count_is_shared_and_slides(
+    stores: tuple[AuthFailStore, AuthFailStore],
+) -> None:
+    a, b = stores
+    got = await asyncio.gather(*(s.count_surge(1) for _ in range(5) for s in (a, b)))
+    assert sorted(got) == list(range(1, 11))  # one count, whichever replica counts
+    await asyncio.sleep(1.1)
+    assert await b.count_surge(1) == 1  # the ten left the 1 s window
+    assert await a.sources() == []  # not a network
+    assert await a.clear() == 1 and await a.count_surge(1) == 1

@@ -160,6 +160,7 @@ overrides:
     [
         (Verdict("auth_guard", "failure", "count", 0.0, "failures=1/5"), "failure"),
         (Verdict("auth_guard", "failure", "block", 0.0, "block_ms=900000"), "block"),
+        (Verdict("auth_guard", "failure", "surge", 0.0, "failures=200"), "surge"),
         (Verdict("auth_guard", "check", "deny", 0.0, "blocked,retry_after_ms=5"), "refused"),
         (Verdict("auth_guard", "check", "monitor:deny", 0.0, "blocked,retry_after_ms=5"), "monitor"),
         (Verdict("auth_guard", "check", "deny", 0.0, "no_source_address"), None),
