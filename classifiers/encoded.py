@@ -3,8 +3,9 @@
 A model told to decode a run of base64 reads the instruction in it; the classifier would read
 only the run's tokens. These runs are read as the text they hold, when their bytes are UTF-8
 text, mostly letters, in words (spaces between them, or Chinese):
-- 16 or more base64 characters (standard or URL-safe alphabet, padding optional), or hex digits
-  (an even number of them, 16 or more: `49676e6f7265…`);
+- 16 or more base64 characters (standard or URL-safe alphabet, padding optional), base32
+  characters (RFC 4648, upper or lower case, padding optional: `JFTW433SMUQGC3DM…`), or hex
+  digits (an even number of them, 16 or more: `49676e6f7265…`);
 - 4 or more percent-escapes (`%49%67%6E…`) or backslash escapes (`\\x49\\x67…`, `\\u0049…`).
 A run whose bytes are itself such a run (base64 of base64, percent-escaped hex…) is decoded
 again, three levels at most. Anything else (image data, keys, hashes, identifiers, which decode
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import functools
 import re
 import string
@@ -33,10 +35,13 @@ from collections.abc import Iterator
 
 from classifiers.scripts import HAN
 
-_RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{16,}={0,2}(?![A-Za-z0-9+/=_\-])")
+# Up to six padding signs: base32's most (base64 has two).
+_RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{16,}={0,6}(?![A-Za-z0-9+/=_\-])")
 # For PII: a mobile number in base64 is 15 characters and a padding sign.
-_SHORT_RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{12,}={0,2}(?![A-Za-z0-9+/=_\-])")
+_SHORT_RUN = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{12,}={0,6}(?![A-Za-z0-9+/=_\-])")
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+_BASE32 = re.compile(r"[A-Z2-7]+|[a-z2-7]+")
+_BASE32_TAILS = frozenset({0, 2, 4, 5, 7})  # the lengths mod 8 a base32 encoding can have
 # Each with a literal first character, which the regex engine scans for quickly.
 _ESCAPES = (
     ("%", re.compile(r"%[0-9a-fA-F]{2}(?:%[0-9a-fA-F]{2}){3,}")),
@@ -46,16 +51,21 @@ _ESCAPES = (
 _URL_SAFE = str.maketrans("-_", "+/")
 
 
-def _bytes(run: str) -> bytes | None:
+def _bytes(run: str) -> list[bytes]:
+    """What a run's bytes may be, most likely first: hex; else base32, then base64 (a base32 run
+    is valid base64 too, so both are tried)."""
     if _HEX.fullmatch(run):
-        return bytes.fromhex(run)
-    body = run.rstrip("=").translate(_URL_SAFE)
-    if len(body) % 4 == 1:  # no base64 encoding has this length
-        return None
-    try:
-        return base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        return None
+        return [bytes.fromhex(run)]
+    out: list[bytes] = []
+    body = run.rstrip("=")
+    if len(body) % 8 in _BASE32_TAILS and _BASE32.fullmatch(body):
+        with contextlib.suppress(binascii.Error, ValueError):
+            out.append(base64.b32decode(body.upper() + "=" * (-len(body) % 8)))
+    body = body.translate(_URL_SAFE)
+    if len(body) % 4 != 1:  # no base64 encoding has this length
+        with contextlib.suppress(binascii.Error, ValueError):
+            out.append(base64.b64decode(body + "=" * (-len(body) % 4), validate=True))
+    return out
 
 
 def _escaped(run: str) -> bytes | str:
@@ -72,17 +82,16 @@ def _escaped(run: str) -> bytes | str:
 def decoded(run: str, *, words: bool = True) -> str | None:
     """The text an encoded run spells, or None when its bytes are not text (with `words`, not
     words: PII redaction asks for any text, a number alone included)."""
-    try:
-        raw = _escaped(run) if run[0] in "%\\" else _bytes(run)
-        if raw is None:
-            return None
-        text = raw if isinstance(raw, str) else raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    shown = sum(c.isprintable() or c in "\n\t" for c in text)
-    if shown < 0.95 * len(text) or len(text) < (8 if words else 4):
-        return None
-    return text if not words or _wordy(text) else None
+    raws = [_escaped(run)] if run[0] in "%\\" else _bytes(run)
+    for raw in raws:
+        try:
+            text = raw if isinstance(raw, str) else raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        shown = sum(c.isprintable() or c in "\n\t" for c in text)
+        if shown >= 0.95 * len(text) and len(text) >= (8 if words else 4) and (not words or _wordy(text)):
+            return text
+    return None
 
 
 def _wordy(text: str) -> bool:

@@ -325,7 +325,7 @@ class PiiEngine:
         self.analyze("warm-up: +1 415-555-2671, 13800138000, a@b.co, 4111111111111111, 1.2.3.4")
 
     def _encoded(self, norm: str) -> list[RecognizerResult]:
-        """Runs of base64, hex or escapes whose text holds PII, each found whole as its best entity."""
+        """Runs of base64, base32, hex or escapes whose text holds PII, each found whole as its best entity."""
         out: list[RecognizerResult] = []
         for start, end, plain in encoded.runs(norm):
             inner = self.analyze(plain, encoded_runs=False)
@@ -341,7 +341,7 @@ class PiiEngine:
 
     def analyze(self, text: str, *, encoded_runs: bool = True) -> list[Span]:
         """Findings in `text` at or above the threshold, non-overlapping, in text order; PII
-        inside a run of base64, hex or escapes (up to three levels) is found as the whole run."""
+        inside a run of base64, base32, hex or escapes (up to three levels) is found as the whole run."""
         if not text:
             return []
         norm, back = normalize(text)

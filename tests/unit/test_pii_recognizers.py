@@ -27,6 +27,10 @@ def _b64(s: str) -> str:
     return base64.b64encode(s.encode()).decode()
 
 
+def _b32(s: str) -> str:
+    return base64.b32encode(s.encode()).decode()
+
+
 def _cn(s: str, numerals: str = "零幺二三四五六七八九") -> str:
     return s.translate({ord(str(d)): numerals[d] for d in range(10)})
 
@@ -64,6 +68,10 @@ POSITIVE = [
     (f"hex {('手机' + MOBILE).encode().hex()}。", "CN_MOBILE", ("手机" + MOBILE).encode().hex()),
     ("card " + "".join(f"%{ord(c):02X}" for c in VISA), "CREDIT_CARD", "".join(f"%{ord(c):02X}" for c in VISA)),
     (f"mail {_b64('zhang.san@example.com')}", "EMAIL_ADDRESS", _b64("zhang.san@example.com")),
+    # Base32: padded (up to six padding signs), unpadded, lower case.
+    (f"ID {_b32(ID)} ok", "CN_RESIDENT_ID", _b32(ID)),
+    (f"call {_b32(MOBILE).rstrip('=')}", "CN_MOBILE", _b32(MOBILE).rstrip("=")),
+    (f"card {_b32(VISA).lower()}", "CREDIT_CARD", _b32(VISA).lower()),
     (f"银行卡{BANK}转账", "CN_BANK_CARD", BANK),
     (f"卡号：{synth.grouped(BANK)}", "CN_BANK_CARD", synth.grouped(BANK)),
     (f"信用卡号{VISA}", "CREDIT_CARD", VISA),

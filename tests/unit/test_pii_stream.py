@@ -74,6 +74,7 @@ _VALUES: list[Callable[[random.Random], str]] = [
     lambda r: _spell(synth.email(r), r),
     # Encoded: the run is held whole like any run of entity characters, and read decoded.
     lambda r: base64.b64encode(synth.cn_id(r).encode()).decode(),
+    lambda r: base64.b32encode(synth.cn_mobile(r).encode()).decode().rstrip("="),
     lambda r: synth.cn_mobile(r).encode().hex(),
     # Dictated in Chinese numerals: no ASCII digit, yet a number to hold back and redact.
     lambda r: synth.cn_mobile(r).translate({ord(str(d)): "零幺二三四五六七八九"[d] for d in range(10)}),
