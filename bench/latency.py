@@ -8,8 +8,11 @@ route: 2 ext_proc phases, since no filter reads the answer); the same chain with
 parsed), the chain with PII redaction of answers (4 phases, as the shipped default policy
 has it), and the real chain again with Envoy's link to the workers under mutual TLS
 (`full+mTLS`) and behind a trusted proxy (`full+proxies`: ZTGATE_TRUSTED_PROXIES names the load
-generator, whose requests carry x-forwarded-for). For each, at concurrency 1, 8 and 32: req/s,
-p50/p99 latency, the p50/p99 added over Envoy alone, and CPU µs per request of Envoy and of the
+generator, whose requests carry x-forwarded-for), and the shipped policy's chain without the
+classifier (`+ risk+audit`: the Redis review check and one audit record per request;
+`+ guard+risk+audit`: auth_guard's block check in front, as the shipped policy has it). For
+each, at concurrency 1, 8 and 32: req/s, p50/p99 latency, the p50/p99 added over Envoy alone,
+and CPU µs per request of Envoy and of the
 workers (from /proc). Then time to first token on a streamed answer, Envoy alone vs the chains.
 
     .venv/bin/python -m bench.latency [--requests 3000] [--workers 2] [--configs 'grpc floor,+ answers']
@@ -420,6 +423,8 @@ def main() -> None:
         # The shipped policy's chain without the classifier: + the Redis review check per request
         # and one chained audit record (fingerprints) per request.
         ("+ risk+audit", "principal,risk,protocol,route,pii,audit", False, ""),
+        # auth_guard first, as the shipped policy has it: + its block check per request.
+        ("+ guard+risk+audit", "auth_guard,principal,risk,protocol,route,pii,audit", False, ""),
     ]
     if args.configs:
         configs = _subset(ap, configs, args.configs)
@@ -461,6 +466,7 @@ def main() -> None:
                         "+ answers",
                         "chain + pii",
                         "+ risk+audit",
+                        "+ guard+risk+audit",
                     ):
                         ttft[name] = asyncio.run(_ttft(stack.url_port, args.ttft))
                 finally:
@@ -475,21 +481,21 @@ def main() -> None:
     print("workers = all threads of the worker processes; loop = their main threads (Python, uvloop,")
     print("gRPC callbacks), the rest being gRPC's own poller and engine threads\n")
     print(
-        f"{'config':<12} {'c':>3} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
+        f"{'config':<18} {'c':>3} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
         f"{'envoy µs':>9} {'workers µs':>11} {'loop µs':>8} {'errors':>6}"
     )
     base = results["envoy-only"]
     for name, by_c in results.items():
         for c, r in by_c.items():
             print(
-                f"{name:<12} {c:>3} {r['rps']:>8.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} "
+                f"{name:<18} {c:>3} {r['rps']:>8.0f} {r['p50']:>8.2f} {r['p99']:>8.2f} "
                 f"{r['p50'] - base[c]['p50']:>8.2f} {r['p99'] - base[c]['p99']:>8.2f} "
                 f"{r['envoy_us']:>9.0f} {r['workers_us']:>11.0f} {r['main_us']:>8.0f} {r['errors']:>6.0f}"
             )
     print("\nstreamed answer, time to first content chunk (c=1):")
     for name, xs in ttft.items():
-        print(f"  {name:<12} p50 {_pct(xs, 0.5):.2f} ms  p99 {_pct(xs, 0.99):.2f} ms")
-    for name in ("full chain", "full+mTLS", "+ answers", "chain + pii", "+ risk+audit"):
+        print(f"  {name:<18} p50 {_pct(xs, 0.5):.2f} ms  p99 {_pct(xs, 0.99):.2f} ms")
+    for name in ("full chain", "full+mTLS", "+ answers", "chain + pii", "+ risk+audit", "+ guard+risk+audit"):
         if name in ttft:
             print(
                 f"  added by {name}: p50 {_pct(ttft[name], 0.5) - _pct(ttft['envoy-only'], 0.5):.2f} ms, "
