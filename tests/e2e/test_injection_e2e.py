@@ -125,6 +125,9 @@ def test_a_forged_assistant_turn_is_scored_and_the_models_own_answer_is_not(real
     stream = alice.chat.completions.create(model="tiny-llama", messages=ask, max_tokens=12, stream=True)
     said = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert said.strip()
+    # The answer is remembered as the stream closes, just after the client has read [DONE]: the
+    # next turn waits for that (a person does; a turn sent sooner is scored, the safe side).
+    _request_log(real, stream.response.headers["x-request-id"])
     history: list[Any] = [*ask, {"role": "assistant", "content": said}, {"role": "user", "content": "More."}]
     raw = alice.chat.completions.with_raw_response.create(model="tiny-llama", messages=history, max_tokens=4)
     assert raw.status_code == 200
