@@ -46,7 +46,8 @@ def _triton(real: GatewayEnv) -> triton_http.InferenceServerClient:
 
 
 def _executions(real: GatewayEnv, model: str) -> int:
-    stats = _triton(real).get_inference_statistics(model)
+    with _triton(real) as tc:
+        stats = tc.get_inference_statistics(model)
     return sum(int(s["inference_count"]) for s in stats["model_stats"])
 
 
@@ -145,12 +146,11 @@ def test_a_forged_assistant_turn_is_scored_and_the_models_own_answer_is_not(real
 
 
 def test_triton_never_runs_a_denied_prompt(real: GatewayEnv) -> None:
-    tc = triton_http.InferenceServerClient(real.url.removeprefix("http://"))
-
     def infer(text: str) -> str:
         inp = triton_http.InferInput("text_input", [1], "BYTES")
         inp.set_data_from_numpy(np.array([text.encode()], dtype=np.object_), binary_data=True)
-        res = tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"})
+        with triton_http.InferenceServerClient(real.url.removeprefix("http://")) as tc:
+            res = tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"})
         value = res.as_numpy("text_output")[0]
         return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -178,11 +178,13 @@ def test_a_prompt_longer_than_the_classifier_reads_is_refused_not_forwarded(
     assert e.value.status_code == 413
     body = e.value.body
     assert isinstance(body, dict) and body["code"] == "prompt_too_long" and body["type"]
-    tc = triton_http.InferenceServerClient(real.url.removeprefix("http://"))
     inp = triton_http.InferInput("text_input", [1], "BYTES")
     inp.set_data_from_numpy(np.array([f"Summarise: {report}".encode()], dtype=np.object_), binary_data=True)
     before = _executions(real, "echo")
-    with pytest.raises(InferenceServerException) as t:
+    with (
+        triton_http.InferenceServerClient(real.url.removeprefix("http://")) as tc,
+        pytest.raises(InferenceServerException) as t,
+    ):
         tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"})
     assert t.value.status() == "413" and "too long" in str(t.value)
     assert _executions(real, "echo") == before
@@ -212,10 +214,12 @@ def test_a_classifier_that_cannot_answer_denies(starved: GatewayEnv, real: Gatew
     assert e.value.status_code == 503
     body = e.value.body
     assert isinstance(body, dict) and body["code"] == "classifier_unavailable"
-    tc = triton_http.InferenceServerClient(starved.url.removeprefix("http://"))
     inp = triton_http.InferInput("text_input", [1], "BYTES")
     inp.set_data_from_numpy(np.array([b"hello"], dtype=np.object_), binary_data=True)
-    with pytest.raises(InferenceServerException) as t:
+    with (
+        triton_http.InferenceServerClient(starved.url.removeprefix("http://")) as tc,
+        pytest.raises(InferenceServerException) as t,
+    ):
         tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"})
     assert t.value.status() == "503"
     assert _executions(real, "echo") == before

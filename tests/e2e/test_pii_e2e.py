@@ -26,11 +26,11 @@ VISA = synth.card(RNG, "visa")
 
 
 def _infer(url: str, text: str, model: str = "echo") -> str:
-    tc = triton_http.InferenceServerClient(url.removeprefix("http://"))
     inp = triton_http.InferInput("text_input", [1], "BYTES")
     inp.set_data_from_numpy(np.array([text.encode()], dtype=np.object_), binary_data=True)
     out = triton_http.InferRequestedOutput("text_output", binary_data=True)
-    res = tc.infer(model, [inp], outputs=[out], headers={"Authorization": f"Bearer {KEY}"})
+    with triton_http.InferenceServerClient(url.removeprefix("http://")) as tc:
+        res = tc.infer(model, [inp], outputs=[out], headers={"Authorization": f"Bearer {KEY}"})
     value = res.as_numpy("text_output")[0]
     return value.decode() if isinstance(value, bytes) else str(value)
 

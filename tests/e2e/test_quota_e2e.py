@@ -56,7 +56,7 @@ def _counted(env: GatewayEnv) -> list[tuple[int, str]]:
 
 
 def test_real_answers_are_counted_until_the_tenant_quota_refuses(
-    quota_env: GatewayEnv, real: GatewayEnv
+    quota_env: GatewayEnv, real: GatewayEnv, request: pytest.FixtureRequest
 ) -> None:
     oa = openai.OpenAI(base_url=f"{quota_env.url}/v1", api_key=KEY, max_retries=0)
     whole = oa.chat.completions.create(
@@ -74,9 +74,10 @@ def test_real_answers_are_counted_until_the_tenant_quota_refuses(
     )
     streamed_usage = [c.usage for c in chunks if c.usage is not None]
     assert len(streamed_usage) == 1
-    tc = triton_http.InferenceServerClient(quota_env.url.removeprefix("http://"))
     inp = triton_http.InferInput("text_input", [1], "BYTES")
     inp.set_data_from_numpy(np.array([b"hello"], dtype=np.object_), binary_data=True)
+    tc = triton_http.InferenceServerClient(quota_env.url.removeprefix("http://"))
+    request.addfinalizer(tc.close)
     tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"})
     # "hello" in, "echo v2: hello" out: 19 bytes, 5 tokens estimated
     assert _counted(quota_env) == [

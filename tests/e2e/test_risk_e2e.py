@@ -33,10 +33,10 @@ def shipped(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def _echo(env: GatewayEnv, text: str) -> str:
-    tc = triton_http.InferenceServerClient(env.url.removeprefix("http://"))
     inp = triton_http.InferInput("text_input", [1], "BYTES")
     inp.set_data_from_numpy(np.array([text.encode()], dtype=np.object_), binary_data=True)
-    value = tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"}).as_numpy("text_output")[0]
+    with triton_http.InferenceServerClient(env.url.removeprefix("http://")) as tc:
+        value = tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"}).as_numpy("text_output")[0]
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -17,8 +18,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture
-def tc(real: GatewayEnv) -> triton_http.InferenceServerClient:
-    return triton_http.InferenceServerClient(real.url.removeprefix("http://"))
+def tc(real: GatewayEnv) -> Iterator[triton_http.InferenceServerClient]:
+    with triton_http.InferenceServerClient(real.url.removeprefix("http://")) as client:
+        yield client
 
 
 def _infer(
