@@ -31,7 +31,7 @@ import functools
 import re
 import string
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from classifiers.scripts import HAN
 
@@ -51,21 +51,20 @@ _ESCAPES = (
 _URL_SAFE = str.maketrans("-_", "+/")
 
 
-def _bytes(run: str) -> list[bytes]:
-    """What a run's bytes may be, most likely first: hex; else base32, then base64 (a base32 run
-    is valid base64 too, so both are tried)."""
+def _bytes(run: str) -> Iterator[bytes]:
+    """What a run's bytes may be, most likely first, decoded as asked for: hex; else base32, then
+    base64 (a base32 run is valid base64 too, so both may be tried)."""
     if _HEX.fullmatch(run):
-        return [bytes.fromhex(run)]
-    out: list[bytes] = []
+        yield bytes.fromhex(run)
+        return
     body = run.rstrip("=")
     if len(body) % 8 in _BASE32_TAILS and _BASE32.fullmatch(body):
         with contextlib.suppress(binascii.Error, ValueError):
-            out.append(base64.b32decode(body.upper() + "=" * (-len(body) % 8)))
+            yield base64.b32decode(body.upper() + "=" * (-len(body) % 8))
     body = body.translate(_URL_SAFE)
     if len(body) % 4 != 1:  # no base64 encoding has this length
         with contextlib.suppress(binascii.Error, ValueError):
-            out.append(base64.b64decode(body + "=" * (-len(body) % 4), validate=True))
-    return out
+            yield base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
 
 
 def _escaped(run: str) -> bytes | str:
@@ -82,7 +81,7 @@ def _escaped(run: str) -> bytes | str:
 def decoded(run: str, *, words: bool = True) -> str | None:
     """The text an encoded run spells, or None when its bytes are not text (with `words`, not
     words: PII redaction asks for any text, a number alone included)."""
-    raws = [_escaped(run)] if run[0] in "%\\" else _bytes(run)
+    raws: Iterable[bytes | str] = [_escaped(run)] if run[0] in "%\\" else _bytes(run)
     for raw in raws:
         try:
             text = raw if isinstance(raw, str) else raw.decode("utf-8")
