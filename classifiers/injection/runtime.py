@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from classifiers import hant
+from classifiers import hant, pinyin
 from classifiers.encoded import decipher, unspell, unwrap
 from classifiers.invisible import FOLD
 from classifiers.lookalike import STYLED, unmask
@@ -95,13 +95,13 @@ def reading_form(text: str) -> str:
     (classifiers.encoded, nested up to three levels), English in a Caesar (ROT13) or Atbash
     cipher, in Morse or in character codes as that English, traditional Chinese as simplified
     (classifiers.hant), look-alike letters in Latin words as Latin and spelled-out words joined
-    (classifiers.lookalike). Only what is scored; the upstream
-    gets the text as it was sent."""
+    (classifiers.lookalike), Chinese written in pinyin as characters (classifiers.pinyin). Only
+    what is scored; the upstream gets the text as it was sent."""
     text = text.translate(_READING)
     plain = decipher(unspell(unwrap(text)))
     if plain != text:  # what was encoded may hide characters of its own
         text = plain.translate(_READING)
-    return unmask(hant.simplify(text))
+    return pinyin.read(unmask(hant.simplify(text)))
 
 
 def text_key(text: str) -> str:
@@ -200,7 +200,8 @@ class InjectionModel:
             if got != want:
                 raise ModelError(f"{path}: sha256 {got[:12]}… does not match the manifest's {want[:12]}…")
         try:
-            hant.table()  # the reading form's table, checked here at start-up, not on a first prompt
+            hant.table()  # the reading form's tables, checked here at start-up, not on a first prompt
+            pinyin.prepare()
         except (OSError, RuntimeError) as exc:
             raise ModelError(str(exc)) from None
         self.manifest = manifest
