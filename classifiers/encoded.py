@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import functools
 import re
 import string
 from collections import Counter
@@ -181,8 +180,7 @@ _WORD = re.compile(r"[a-z]{3,}")
 _STRETCH = re.compile(r'[^.!?:;\n"()\[\]{}<>|`]+')
 
 
-def _enciphered(stretch: str, k: int) -> bool:
-    words = _WORD.findall(stretch.lower())
+def _enciphered(stretch: str, words: list[str], k: int) -> bool:
     hits = len(_ENCIPHERED[k].intersection(words))
     if len(words) < 4 or hits < 3 or 10 * hits < 3 * len(words):
         return False
@@ -192,23 +190,34 @@ def _enciphered(stretch: str, k: int) -> bool:
     return 10 * sum(c.isascii() for c in letters) >= 9 * len(letters)  # Latin, not Vietnamese
 
 
-def _deciphered(m: re.Match[str], k: int) -> str:
-    stretch = m.group()
-    return stretch.translate(_CIPHERS[k][1]) if _enciphered(stretch, k) else stretch
-
-
 def decipher(text: str) -> str:
     """`text` with every stretch of English in a letter-substitution cipher read deciphered."""
     found = [_BY_WORD[w] for w in _BY_WORD.keys() & set(_WORD.findall(text.lower()))]
     # Most texts hold no three different enciphered common words at all.
     if sum(map(len, found)) < 3:
         return text
+    # Each stretch is looked at once, for the ciphers three of its own words fit. Of the ciphers
+    # the text's words fit most, the first that reads a stretch as English is the one read, in
+    # every stretch it reads (one pass per cipher tried made a long text's cost grow with the
+    # number of ciphers its words happen to fit: 0.8 s for 1.6 MB of English).
+    stretches = list(_STRETCH.finditer(text))
+    fits: list[frozenset[int]] = []
+    for m in stretches:
+        words = _WORD.findall(m.group().lower())
+        ks = Counter(k for w in _BY_WORD.keys() & set(words) for k in _BY_WORD[w])
+        fits.append(frozenset(k for k, n in ks.items() if n >= 3 and _enciphered(m.group(), words, k)))
+    readable: frozenset[int] = frozenset().union(*fits)
     for k, hits in Counter(k for ks in found for k in ks).most_common():
         if hits < 3:
             break
-        plain = _STRETCH.sub(functools.partial(_deciphered, k=k), text)
-        if plain != text:
-            return plain
+        if k in readable:
+            pieces: list[str] = []
+            pos = 0
+            for m, fit in zip(stretches, fits, strict=True):
+                if k in fit:
+                    pieces += (text[pos : m.start()], m.group().translate(_CIPHERS[k][1]))
+                    pos = m.end()
+            return "".join(pieces) + text[pos:]
     return text
 
 
