@@ -16,9 +16,11 @@ spells pinyin is read as the characters it most likely stands for:
   does not fit a character costs it TONE_MISS), scored by a character bigram model, and read as
   characters only when the decoding is likely Chinese (mean log-probability per character at
   least ACCEPT);
-- where the stretches read so hold half the text's Latin letters or more, its shorter runs of
-  pinyin words are read the same way (digits and Latin words cut `chuang jian yi bu you 4 ge jue
-  se` into runs), but not in English text that names a few places in pinyin.
+- a stretch of capitalized words (two thirds of them or more: `are Beijing, Tianjin, Shanghai`)
+  is names, as English text writes them, and is read as written, unless the stretches that
+  read as Chinese hold half the text's Latin letters or more; then those names are read too,
+  and so are the text's shorter runs of pinyin words (digits and Latin words cut `chuang jian
+  yi bu you 4 ge jue se` into runs).
 
 The table `pinyin.tsv` holds, for the 4,771 characters that occur in the injection pool's
 Chinese training text (train.jsonl and the extra rows, never dev), their readings (pypinyin
@@ -360,6 +362,17 @@ def _within_budget(
     return [s for _, s in sorted(chosen.items()) if s is not None]
 
 
+_WORD_CHARS = re.compile(r"[^\W\d_]+")
+_CAPITALIZED = re.compile(r"[^\W\d_a-z][^\W\d_A-Z]")  # a capital, then a small letter
+
+
+def _names(text: str, stretch: _Stretch) -> bool:
+    """Whether two thirds of the stretch's words or more are capitalized (`are Beijing, Tianjin,
+    Shanghai`, `Xiang Yu`): names, as English text writes them, not a sentence in pinyin."""
+    words = _WORD_CHARS.findall(text, stretch.start, stretch.end)
+    return 3 * sum(bool(_CAPITALIZED.match(w)) for w in words) >= 2 * len(words)
+
+
 _MARKED = re.compile("[" + "".join(sorted(chr(cp) for cp in _TONES)) + "üÜ]")
 
 
@@ -375,10 +388,13 @@ def _base(text: str) -> str:
 
 def read(text: str) -> str:
     """`text` with every stretch of Chinese written in pinyin read as the characters it most
-    likely spells (module doc); other text as it is. Where the stretches read as Chinese hold
-    half the text's Latin letters or more, its shorter runs of pinyin words (two syllables or
-    more) are read too: digits and Latin words cut `chuang jian yi bu you 4 ge jue se` into
-    runs. (Not in English text that names a few places in pinyin.)"""
+    likely spells (module doc); other text as it is.
+
+    Where the stretches read as Chinese hold half the text's Latin letters or more, its
+    stretches of capitalized words (`Beijing, Tianjin, Shanghai`: names, in English text) and
+    its shorter runs of pinyin words (two syllables or more) are read too: digits and Latin
+    words cut `chuang jian yi bu you 4 ge jue se` into runs. In English text that names a few
+    people or places in pinyin, those names are read as written."""
     base = _base(text)
     found = list(_patterns()[1].finditer(base))
     if not found:
@@ -387,14 +403,15 @@ def read(text: str) -> str:
     stretches = _within_budget(
         found, MAX_SYLLABLES, lambda f: _stretch(text, base, f.start(), f.end(), m, least=6)
     )
-    decoded = {s.start: (s, chars) for s in stretches if (chars := _decoded(s, m))}
+    read_as = {s.start: (s, chars) for s in stretches if (chars := _decoded(s, m))}
+    decoded = {k: v for k, v in read_as.items() if not _names(text, v[0])}
+    if 2 * sum(_letters(base[s.start : s.end]) for s, _ in read_as.values()) >= _letters(base):
+        decoded = read_as
+        spent = sum(s.count for s, _ in decoded.values())
+        _read_short(text, base, decoded, MAX_SYLLABLES - spent, m)
     if not decoded:
         return text
-    spent = sum(s.count for s, _ in decoded.values())
-    if 2 * sum(_letters(base[s.start : s.end]) for s, _ in decoded.values()) >= _letters(base):
-        _read_short(text, base, decoded, MAX_SYLLABLES - spent, m)
     out: list[str] = []
-
     pos = 0
     for start in sorted(decoded):
         stretch, chars = decoded[start]
