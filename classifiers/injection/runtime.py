@@ -95,13 +95,14 @@ def reading_form(text: str) -> str:
     (classifiers.encoded, nested up to three levels), English in a Caesar (ROT13) or Atbash
     cipher, in Morse or in character codes as that English, traditional Chinese as simplified
     (classifiers.hant), look-alike letters in Latin words as Latin and spelled-out words joined
-    (classifiers.lookalike), Chinese written in pinyin as characters (classifiers.pinyin). Only
-    what is scored; the upstream gets the text as it was sent."""
+    (classifiers.lookalike), Chinese written in pinyin as characters and characters written for
+    their sound (homophones) as the characters meant (classifiers.pinyin). Only what is scored;
+    the upstream gets the text as it was sent."""
     text = text.translate(_READING)
     plain = decipher(unspell(unwrap(text)))
     if plain != text:  # what was encoded may hide characters of its own
         text = plain.translate(_READING)
-    return pinyin.read(unmask(hant.simplify(text)))
+    return pinyin.correct(pinyin.read(unmask(hant.simplify(text))))
 
 
 def text_key(text: str) -> str:
