@@ -568,7 +568,7 @@ def build(cache: Path, texts: list[str], other: list[str]) -> bytes:
 _HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]{2,}")
 SWAP = -8.0
 # Homophones tried per character at most (the most frequent), and characters looked at per text.
-HOMOPHONES = 8
+HOMOPHONES = 12
 MAX_CORRECTED = 20000
 
 
@@ -621,7 +621,8 @@ def correct(text: str) -> str:
 
     A character that makes no pair the bigram table holds with either neighbour may be read as
     a homophone (one of the HOMOPHONES most frequent characters that share a toneless syllable
-    with it), at a cost of SWAP in log-probability; the likeliest reading of each stretch of
+    with it and make a known pair with a neighbour as written, unless both neighbours may
+    change too), at a cost of SWAP in log-probability; the likeliest reading of each stretch of
     such characters, between its fixed neighbours, under the bigram model, is taken. Ordinary
     text keeps nearly every character (dev's Chinese rows: 0.2% changed). Of a long text, the
     runs of its first and its last MAX_CORRECTED / 2 characters are looked at (as the classifier
