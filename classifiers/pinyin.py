@@ -382,25 +382,40 @@ def _decoded(found: _Stretch, m: Model) -> str | None:
     return "".join(pieces) if total / found.count >= ACCEPT else None
 
 
+def _ends(n: int, budget: int, size: Callable[[int], int | None]) -> list[int]:
+    """Which of `n` items to read: from the start and from the end, `budget` / 2 each way at
+    most (as the classifier reads a long text's first windows and its last one). `size(i)` is
+    asked once per item reached, None for one that is not read and costs nothing; the items
+    between the two ends are never asked about."""
+    sizes: dict[int, int | None] = {}
+    chosen: set[int] = set()
+    for order in (range(n), range(n - 1, -1, -1)):
+        left = budget // 2
+        for i in order:
+            if i not in sizes:
+                sizes[i] = size(i)
+            cost = sizes[i]
+            if cost is None:
+                continue
+            left -= cost
+            if left < 0:
+                break
+            chosen.add(i)
+    return sorted(chosen)
+
+
 def _within_budget(
     found: Sequence[re.Match[str]], syllables: int, look: Callable[[re.Match[str]], _Stretch | None]
 ) -> list[_Stretch]:
     """The stretches to decode among the matches `found`, looked at (`look`) from the start and
-    from the end, `syllables` / 2 each way at most (as the classifier reads a long text's first
-    windows and its last one); the matches between are never looked at."""
-    chosen: dict[int, _Stretch | None] = {}
-    for order in (range(len(found)), range(len(found) - 1, -1, -1)):
-        budget = syllables // 2
-        for i in order:
-            if i not in chosen:
-                chosen[i] = look(found[i])
-            stretch = chosen[i]
-            if stretch is not None:
-                budget -= stretch.count
-                if budget < 0:
-                    chosen[i] = None
-                    break
-    return [s for _, s in sorted(chosen.items()) if s is not None]
+    from the end within `syllables` (`_ends`)."""
+    stretches: dict[int, _Stretch | None] = {}
+
+    def size(i: int) -> int | None:
+        stretch = stretches[i] = look(found[i])
+        return None if stretch is None else stretch.count
+
+    return [s for i in _ends(len(found), syllables, size) if (s := stretches[i]) is not None]
 
 
 _WORD_CHARS = re.compile(r"[^\W\d_]+")
@@ -631,17 +646,9 @@ def correct(text: str) -> str:
     if not runs:
         return text
     m = model()
-    chosen: set[int] = set()
-    for order in (range(len(runs)), range(len(runs) - 1, -1, -1)):
-        budget = MAX_CORRECTED // 2
-        for i in order:
-            budget -= len(runs[i].group())
-            if budget < 0:
-                break
-            chosen.add(i)
     out: list[str] = []
     pos = 0
-    for i in sorted(chosen):
+    for i in _ends(len(runs), MAX_CORRECTED, lambda i: len(runs[i].group())):
         out += (text[pos : runs[i].start()], _fixed(runs[i].group(), m))
         pos = runs[i].end()
     out.append(text[pos:])

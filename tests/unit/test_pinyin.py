@@ -121,3 +121,12 @@ def test_a_long_text_is_corrected_at_its_start_and_its_end() -> None:
     read = pinyin.correct(attack * runs)
     assert read.startswith(meant) and read.endswith(meant)
     assert attack in read  # the middle, past the budget, is read as written
+
+
+def test_the_last_stretch_is_read_even_when_the_first_pass_ran_out_on_it() -> None:
+    # Two stretches of 1,200 syllables (300 words of four) around English: the pass from the
+    # start reads the first and runs out on the last, which the pass from the end still reads.
+    stretch = " ".join(["zhongguorenmin"] * 300)
+    english = "The quarterly report covers revenue, costs and the outlook for next year. " * 2000
+    read = pinyin.read(f"{stretch}. {english}{stretch}")
+    assert read.startswith("中国人民中国人民") and read.endswith("中国人民中国人民")
