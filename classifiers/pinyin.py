@@ -168,7 +168,9 @@ def model(path: Path = _PATH) -> Model:
     for c, syllables in (*spoken_as.items(), *((c, frozenset(s)) for c, s in rare.items())):
         if syllables not in shared:
             chars = {d for r in syllables if r in candidates for d, _ in candidates[r]}
-            shared[syllables] = tuple(sorted(chars, key=lambda d: -counts[d])[: HOMOPHONES + 1])
+            # Ties by character: a set's order changes with the process's hash seed, and every
+            # worker must read a text alike.
+            shared[syllables] = tuple(sorted(chars, key=lambda d: (-counts[d], d))[: HOMOPHONES + 1])
         homophones[c] = shared[syllables]
     unknown = math.log(0.5 / (n + 0.5 * len(counts)))
     return Model(

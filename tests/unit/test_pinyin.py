@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +133,21 @@ def test_the_last_stretch_is_read_even_when_the_first_pass_ran_out_on_it() -> No
     english = "The quarterly report covers revenue, costs and the outlook for next year. " * 2000
     read = pinyin.read(f"{stretch}. {english}{stretch}")
     assert read.startswith("中国人民中国人民") and read.endswith("中国人民中国人民")
+
+
+def test_every_worker_reads_a_text_alike() -> None:
+    # Workers are separate processes with their own hash seeds; the reading must not depend on it.
+    code = (
+        "from classifiers import pinyin; print(pinyin.model().homophones['角'], pinyin.correct('司马伷三子'))"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout
+        for seed in (1, 2, 3, 4)
+    }
+    assert len(outs) == 1
