@@ -107,7 +107,6 @@ class Model:
     letters: dict[str, float]  # letter trigram -> log P(pinyin) - log P(other text), last letter
     unknown: float  # log P of a character the table does not hold
     homophones: dict[str, tuple[str, ...]]  # character -> the candidates of its syllables
-    others: dict[str, tuple[str, ...]]  # character -> its homophones but itself, filled as read
 
     def pinyin_odds(self, letters: str) -> float:
         """Mean log-odds per letter that `letters` (a-z, no spaces) are pinyin, not other text."""
@@ -181,7 +180,6 @@ def model(path: Path = _PATH) -> Model:
         _letter_odds(trigrams["p"], trigrams["o"]),
         unknown,
         homophones,
-        {},
     )
 
 
@@ -589,12 +587,9 @@ HOMOPHONES = 12
 MAX_CORRECTED = 20000
 
 
-def _others(m: Model, c: str) -> tuple[str, ...]:
-    """The homophones `c` may be read as (memoized: most characters recur)."""
-    found = m.others.get(c)
-    if found is None:
-        found = m.others[c] = tuple(h for h in m.homophones.get(c, ()) if h != c)[:HOMOPHONES]
-    return found
+def _others(m: Model, c: str) -> list[str]:
+    """The homophones `c` may be read as."""
+    return [h for h in m.homophones.get(c, ()) if h != c][:HOMOPHONES]
 
 
 def _fitting(m: Model, run: str, odd: list[bool], k: int) -> list[str]:
@@ -603,7 +598,7 @@ def _fitting(m: Model, run: str, odd: list[bool], k: int) -> list[str]:
     left = run[k - 1] if k > 0 else None
     right = run[k + 1] if k + 1 < len(run) else None
     if (left is None or odd[k - 1]) and (right is None or odd[k + 1]):
-        return list(_others(m, run[k]))
+        return _others(m, run[k])
     return [
         h
         for h in _others(m, run[k])
