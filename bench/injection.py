@@ -1,7 +1,8 @@
 """Injection classifier runtime cost (figures, not a test): `python -m bench.injection MANIFEST`.
 
 For any model directory (default: the shipped model): p50/p99 per prompt at 64, 256 and 512
-tokens (and a 2,000-token prompt, read in windows) with one intra-op thread, windows per second
+tokens (and a 2,000-token prompt, read in windows) with one intra-op thread, prompts of 0.1 to 4 MB
+(read by their edges, against read whole), windows per second
 when a batch of windows runs in one call, and what the per-message verdict cache saves on a 10-turn
 chat that resends its history every turn. `--toy` runs the tests' bag-of-words graph instead,
 which measures only the runtime's own overhead (tokenizer, session call, windows).
@@ -10,6 +11,7 @@ which measures only the runtime's own overhead (tokenizer, session call, windows
 from __future__ import annotations
 
 import argparse
+import base64
 import statistics
 import tempfile
 import time
@@ -94,6 +96,28 @@ def main() -> None:
                 f"  {tokens:5d} tokens ({'/'.join(map(str, windows))} windows): p50 {statistics.median(ts) * 1000:7.2f} ms"
                 f"  p99 {ts[int(0.99 * len(ts))] * 1000:7.2f} ms"
             )
+        # Very long prompts: read by their edges, against reading them whole (reading form and
+        # tokenizer), which is what a text far past the window cap cost before.
+        prose = _text(model, 2000)
+        for size in (100_000, 1_000_000, 4_000_000):
+            for kind, doc in (("prose", prose), ("one base64 run", None)):
+                text = (prose + " ") * (size // (len(prose) + 1) + 1)
+                if doc is None:  # a run as long as the text, with nowhere to cut but inside it
+                    text = base64.b64encode(text.encode()).decode()
+                text = text[:size]
+                edge = []
+                for i in range(5):
+                    model.clear_cache()
+                    t0 = time.perf_counter()
+                    model.score(f"{i} {text}")
+                    edge.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                whole = model.tokens(text)
+                took = time.perf_counter() - t0
+                print(
+                    f"  {size / 1e6:4.1f} MB of {kind:14s}: read by its edges p50 {statistics.median(edge) * 1000:7.1f} ms;"
+                    f" read whole {took * 1000:7.1f} ms ({whole} tokens)"
+                )
         # Batching: windows per second when several windows run in one session call.
         window = model.windows(_text(model, model.manifest.max_length - 2))[0]
         for size in (1, 4, 8, 16):

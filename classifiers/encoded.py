@@ -82,14 +82,41 @@ def decoded(run: str, *, words: bool = True) -> str | None:
     words: PII redaction asks for any text, a number alone included)."""
     raws: Iterable[bytes | str] = [_escaped(run)] if run[0] in "%\\" else _bytes(run)
     for raw in raws:
-        try:
-            text = raw if isinstance(raw, str) else raw.decode("utf-8")
-        except UnicodeDecodeError:
+        text = raw if isinstance(raw, str) else _utf8(raw)
+        if text is None:
             continue
         shown = sum(c.isprintable() or c in "\n\t" for c in text)
         if shown >= 0.95 * len(text) and len(text) >= (8 if words else 4) and (not words or _wordy(text)):
             return text
     return None
+
+
+def _utf8(raw: bytes) -> str | None:
+    """`raw` as UTF-8 text, or None. Of a long run (256 bytes or more) a character cut at either
+    end is left out: the edges of a very long text are read one at a time (runtime.edges), and an
+    edge can cut a run. A short run must be text whole: random bytes (an identifier read as
+    base64) are often UTF-8 once a byte or two is left out."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        if len(raw) < 256:
+            return None
+    lead = 0
+    while lead < min(3, len(raw)) and 0x80 <= raw[lead] < 0xC0:  # continuation bytes
+        lead += 1
+    end = len(raw)
+    for back in range(1, min(4, end - lead) + 1):
+        b = raw[end - back]
+        if b >= 0xC0:  # the last character's first byte: cut short if it has fewer than it needs
+            if back < (2 if b < 0xE0 else 3 if b < 0xF0 else 4):
+                end -= back
+            break
+        if b < 0x80:
+            break
+    try:
+        return raw[lead:end].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _wordy(text: str) -> bool:

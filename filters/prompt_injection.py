@@ -8,7 +8,9 @@ into the request's verdicts for the audit.
 
 A text longer than the windows the model reads (`max_windows`) is refused (413 prompt_too_long)
 unless the policy says `too_long: score_edges`: then its first windows and its last are scored
-and the tokens between go unread, counted in the verdict.
+and the tokens between go unread, counted in the verdict (`unread_tokens`; of a text far longer
+than the windows, read by its edges alone, the characters between them: `unread_chars`). A text
+above the threshold under `action: flag` is flagged and still refused as too long.
 
 Assistant turns: a chat request carries the conversation so far, and its assistant turns are
 the client's word for what the model said: a client can write them itself (a forged history, a
@@ -190,14 +192,21 @@ class PromptInjection(BaseFilter):
             return self._failed(ctx, "TimeoutError")
         top = max(a.score for a in found)
         unread = sum(a.unread for a in found)
+        skipped = sum(a.skipped for a in found)
         detail = (
             f"score={top:.3f},model={self.model.revision}"
             + (f",unread_tokens={unread}" if unread else "")
+            + (f",unread_chars={skipped}" if skipped else "")
             + history
         )
+        too_long = (unread or skipped) and self.params.too_long == "deny"
         if top >= self.threshold:
-            return self._act(ctx, "score", self.params.action, detail, counts)
-        if unread and self.params.too_long == "deny":
+            decided = self._act(ctx, "score", self.params.action, detail, counts)
+            # Flagged is not read: a flagged text with an unread middle is still too long.
+            if isinstance(decided, Deny) or not too_long:
+                return decided
+            return self._act(ctx, "length", "deny", detail, counts)
+        if too_long:
             return self._act(ctx, "length", "deny", detail, counts)
         ctx.verdicts.append(Verdict(self.name, "score", "pass", 0.0, detail, counts))
         return CONTINUE

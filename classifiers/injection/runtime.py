@@ -8,8 +8,10 @@ is refused at load, never used.
 Long texts are scored in windows of the model's length and the highest score counts. Windows are
 capped (`max_windows`): the first windows, and the last one, so an attacker cannot push an
 instruction past the cap at the end of a long document; what lies between the capped head and
-the tail of a very long text is not read (docs/injection.md). Verdicts are cached per text by
-content hash, so a chat that resends its system prompt and history pays only for the new turn.
+the tail of a very long text is not read (docs/injection.md). A text far longer than its windows
+hold is read by its edges alone (`edges`): reading 4 MB whole took seconds, past any time budget.
+Verdicts are cached per text by content hash, so a chat that resends its system prompt and
+history pays only for the new turn.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import itertools
 import json
 import math
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -112,10 +115,64 @@ def text_key(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Assessment:
-    """One text's verdict: its score, and how many of its tokens lay past the window cap, unread."""
+    """One text's verdict: its score, how many of its tokens lay past the window cap, unread, and
+    how many of its characters were not read at all (between the edges of a text read by them)."""
 
     score: float
     unread: int
+    skipped: int = 0
+
+
+# Where a text may be cut without cutting an encoded run (base64, base32, hex, escapes: their
+# characters, and the run must end where the cut is) or a word: any other character.
+_BREAK = re.compile(r"[^A-Za-z0-9+/=_\-%\\]")
+_LAST_BREAK = re.compile(r".*[^A-Za-z0-9+/=_\-%\\]", re.DOTALL)
+# Tokens read past what an edge needs: a cut can still fall inside what the reading form joins
+# across spaces (Morse, character codes, pinyin, a spelled-out word), and those tokens are dropped.
+EDGE_MARGIN = 32
+# Characters of an encoded run that decode to whole bytes, and whose bytes again do, through the
+# levels of encoding read (base64 four characters to three bytes, base32 eight to five, hex two to
+# one): 1,920 base64 characters are 1,440 bytes, 1,080 bytes if those are base64 again.
+RUN_ALIGN = 1920
+
+
+def _break_from(text: str, pos: int) -> int | None:
+    """The first place at or after `pos` where `text` may be cut (None: nowhere)."""
+    m = _BREAK.search(text, pos)
+    return None if m is None else m.start()
+
+
+def _break_before(text: str, pos: int) -> int | None:
+    """The last place at or before `pos` where `text` may be cut, looked for backwards in chunks
+    (None: nowhere)."""
+    end = pos + 1
+    while end > 0:
+        start = max(0, end - 4096)
+        m = _LAST_BREAK.match(text, start, end)
+        if m is not None:
+            return m.end() - 1
+        end = start
+    return None
+
+
+def _cut(text: str, chars: int, *, forward: bool) -> int:
+    """Where an edge of about `chars` characters ends (the head) or starts (the tail): at a break,
+    or, inside a run of run characters that goes on past a quarter of the text (4 MB of base64), a
+    multiple of RUN_ALIGN characters from the run's start, where its pieces decode as its text."""
+    quarter = len(text) // 4
+    if forward:
+        cut = _break_from(text, chars)
+        if cut is not None and cut <= quarter:
+            return cut
+        before = _break_before(text, chars)
+        start = 0 if before is None else before + 1
+        return start + RUN_ALIGN * -(-(chars - start) // RUN_ALIGN)
+    pos = len(text) - chars
+    cut = _break_before(text, pos)
+    if cut is not None and len(text) - cut <= quarter:
+        return cut
+    start = 0 if cut is None else cut + 1
+    return start + RUN_ALIGN * ((pos - start) // RUN_ALIGN)
 
 
 def cut_windows(ids: Sequence[int], body: int, cap: int) -> list[list[int]]:
@@ -248,7 +305,49 @@ class InjectionModel:
 
     def windows(self, text: str) -> list[list[int]]:
         """Token windows of the model's length: the first `max_windows - 1` and the last one."""
-        return self._windows_of(self._ids(text))
+        return self._windows_of(self._read(text)[0])
+
+    def _read(self, text: str) -> tuple[list[int], int, int]:
+        """The tokens to score, how many tokens were read and not kept, and how many characters
+        were not read: the text read whole, or by its edges when it is far longer than the windows."""
+        edges = self.edges(text)
+        if edges is None:
+            ids = self._ids(text)
+            return ids, max(0, len(ids) - self.max_windows * self._body), 0
+        (cut, head), (end, tail) = edges
+        keep = (self.max_windows - 1) * self._body
+        return head[:keep] + tail[-self._body :], len(head) - keep + len(tail) - self._body, end - cut
+
+    def edges(self, text: str) -> tuple[tuple[int, list[int]], tuple[int, list[int]]] | None:
+        """A long text read by its edges: (where its head ends, the head's tokens) and (where its
+        tail starts, the tail's tokens), each read on its own and holding at least the tokens its
+        windows take (the tail: one window) and EDGE_MARGIN more; None to read the text whole,
+        when the edges would take more than a quarter of it each or it has no place to cut.
+
+        Each edge is read as a text of its own (the reading form decides, e.g., whether the text
+        is mostly pinyin from that edge); a cut falls only where no encoded run or word goes on.
+        """
+        keep = (self.max_windows - 1) * self._body
+        head = (0, []) if keep == 0 else self._edge(text, keep + EDGE_MARGIN, forward=True)
+        tail = self._edge(text, self._body + EDGE_MARGIN, forward=False)
+        if head is None or tail is None or head[0] > tail[0]:
+            return None
+        return head, tail
+
+    def _edge(self, text: str, need: int, *, forward: bool) -> tuple[int, list[int]] | None:
+        chars = 5 * need  # a token is about four characters of English (Chinese: fewer)
+        while 4 * chars <= len(text):
+            cut = _cut(text, chars, forward=forward)
+            span = cut if forward else len(text) - cut
+            if not 0 < span <= len(text) // 4:
+                return None  # a cut past a quarter of the text: as well read it whole
+            ids = self._ids(text[:cut] if forward else text[cut:])
+            if len(ids) >= need:
+                return cut, ids
+            # The text reads to fewer tokens than that (encoded, folded): as many characters as
+            # those tokens suggest, and at least twice as many.
+            chars = max(2 * chars, span * need // max(1, len(ids)) * 5 // 4)
+        return None
 
     def _windows_of(self, ids: list[int]) -> list[list[int]]:
         head = [self._bos] if self._bos is not None else []
@@ -293,12 +392,12 @@ class InjectionModel:
                 self._cache.move_to_end(key)
                 self.cache_hits += 1
                 return self._cache[key]
-        ids = self._ids(text)
+        ids, unread, skipped = self._read(text)
         windows = self._windows_of(ids)
         # Four windows per session call: a 2,000-token prompt's sixteen windows took 14.7 ms p50
         # that way and 16.1 ms in one call here (interleaved; docs/injection.md).
         value = max(max(self.run_windows(windows[i : i + 4])) for i in range(0, len(windows), 4))
-        result = Assessment(value, max(0, len(ids) - self.max_windows * self._body))
+        result = Assessment(value, unread, skipped)
         with self._lock:
             self._cache[key] = result
             if len(self._cache) > self._cache_size:
