@@ -175,7 +175,7 @@ def unwrap(text: str) -> str:
 
 # Common English words (3+ letters) and the words of prompt attacks: what a deciphered sentence
 # reads as. Written enciphered once, here, so that the check is one lookup per word.
-_COMMON = frozenset(
+COMMON_WORDS = frozenset(
     """the and that have for not with you this but his from they say her she will one all would
     there their what out about who get which when make can like time just him know take people
     into year your good some could them see other than then now look only come its over think
@@ -198,7 +198,7 @@ def _table(plain: str, coded: str) -> dict[int, int]:
 # them) and Atbash, as (encoding, decoding) tables.
 _CIPHERS = [(_table(_ABC, _ABC[k:] + _ABC[:k]), _table(_ABC[k:] + _ABC[:k], _ABC)) for k in range(1, 26)]
 _CIPHERS.append((_table(_ABC, _ABC[::-1]), _table(_ABC, _ABC[::-1])))
-_ENCIPHERED = [frozenset(w.translate(enc) for w in _COMMON) for enc, _ in _CIPHERS]
+_ENCIPHERED = [frozenset(w.translate(enc) for w in COMMON_WORDS) for enc, _ in _CIPHERS]
 _BY_WORD: dict[str, tuple[int, ...]] = {}
 for _k, _words in enumerate(_ENCIPHERED):
     for _w in _words:
@@ -211,7 +211,7 @@ def _enciphered(stretch: str, words: list[str], k: int) -> bool:
     hits = len(_ENCIPHERED[k].intersection(words))
     if len(words) < 4 or hits < 3 or 10 * hits < 3 * len(words):
         return False
-    if 3 * len(_COMMON.intersection(words)) > hits:
+    if 3 * len(COMMON_WORDS.intersection(words)) > hits:
         return False
     letters = [c for c in stretch if c.isalpha()]
     return 10 * sum(c.isascii() for c in letters) >= 9 * len(letters)  # Latin, not Vietnamese

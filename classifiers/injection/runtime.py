@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from classifiers import hant, pinyin
+from classifiers import flipped, hant, pinyin
 from classifiers.encoded import decipher, unspell, unwrap
 from classifiers.invisible import FOLD
 from classifiers.lookalike import STYLED, unmask
@@ -98,14 +98,15 @@ def reading_form(text: str) -> str:
     (classifiers.encoded, nested up to three levels), English in a Caesar (ROT13) or Atbash
     cipher, in Morse or in character codes as that English, traditional Chinese as simplified
     (classifiers.hant), look-alike letters in Latin words as Latin and spelled-out words joined
-    (classifiers.lookalike), Chinese written in pinyin as characters and characters written for
+    (classifiers.lookalike), English and Chinese written backwards as written forwards
+    (classifiers.flipped), Chinese written in pinyin as characters and characters written for
     their sound (homophones) as the characters meant (classifiers.pinyin). Only what is scored;
     the upstream gets the text as it was sent."""
     text = text.translate(_READING)
     plain = decipher(unspell(unwrap(text)))
     if plain != text:  # what was encoded may hide characters of its own
         text = plain.translate(_READING)
-    return pinyin.correct(pinyin.read(unmask(hant.simplify(text))))
+    return pinyin.correct(pinyin.read(flipped.unflip(unmask(hant.simplify(text)))))
 
 
 def text_key(text: str) -> str:
@@ -260,6 +261,7 @@ class InjectionModel:
         try:
             hant.table()  # the reading form's tables, checked here at start-up, not on a first prompt
             pinyin.prepare()
+            flipped.prepare()
         except (OSError, RuntimeError) as exc:
             raise ModelError(str(exc)) from None
         self.manifest = manifest

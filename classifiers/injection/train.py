@@ -192,7 +192,7 @@ def _mlm_stamp(tok: Any, texts: Sequence[str], recipe: Recipe) -> str:
     # classifiers.lookalike; 3: words of look-alikes alone in Latin text; 4: base64 that holds text;
     # 5: leetspeak; 6: nested encodings, ciphers and codes; 7: traditional Chinese as simplified;
     # 8, base32, changed no pool text; 9: pinyin as characters; 10: homophones as meant).
-    return hashlib.sha256(json.dumps([*what, recipe.mlm_lr, ARCH, "reading-form-10"]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([*what, recipe.mlm_lr, ARCH, "reading-form-11"]).encode()).hexdigest()
 
 
 def _update(torch: Any, model: Any, opt: Any, sched: Any, loss: Any, *, seen: float | None) -> float:
