@@ -3,15 +3,40 @@
 Zero-width spaces and joiners, bidi controls, soft hyphens and byte-order marks (Unicode's
 format characters) split an attack's words or a card number's digits into pieces that neither
 the injection model nor a PII pattern recognizes, while the text looks the same on screen:
-dropped. Variation selectors carry no text, only bytes smuggled past a reader: dropped. Tag
-characters spell ASCII invisibly ("ASCII smuggling") and a model may still read them: folded to
-the letters they spell. Only what the checks read; the text that travels is left as it was.
+dropped. Variation selectors carry no text, only bytes smuggled past a reader: dropped; a run of
+four or more of them whose bytes are UTF-8 text ("emoji smuggling": VS1–VS16 are bytes 0–15,
+VS17–VS256 bytes 16–255, hung on one emoji) is read by the injection model as that text
+(`unhide`), as an encoded run is. Tag characters spell ASCII invisibly ("ASCII smuggling") and a
+model may still read them: folded to the letters they spell. Only what the checks read; the text
+that travels is left as it was.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import unicodedata
+
+# A run of variation selectors: one follows an emoji or a CJK character to choose its glyph; four
+# or more in a row choose nothing.
+_SELECTORS = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{4,}")
+
+
+def unhide(text: str) -> str:
+    """`text` with each run of variation selectors whose bytes are text read as that text,
+    between spaces; any other run is left (and dropped by FOLD)."""
+    return _SELECTORS.sub(_bytes, text) if _SELECTORS.search(text) else text
+
+
+def _bytes(m: re.Match[str]) -> str:
+    raw = bytes(ord(c) - 0xFE00 if ord(c) < 0xFE10 else ord(c) - 0xE0100 + 16 for c in m.group())
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return m.group()
+    if sum(c.isprintable() or c in "\n\t" for c in text) < 0.95 * len(text):
+        return m.group()
+    return f" {text} "
 
 
 def _table() -> dict[int, str | None]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from classifiers import flipped, hant, pinyin
 from classifiers.encoded import decipher, unspell, unwrap
-from classifiers.invisible import FOLD
+from classifiers.invisible import FOLD, unhide
 from classifiers.lookalike import STYLED, unmask
 
 
@@ -93,16 +93,17 @@ _READING = _reading_table()
 
 
 def reading_form(text: str) -> str:
-    """The text as the classifier reads it: invisible characters folded (classifiers.invisible),
-    fullwidth and styled letters and odd spaces as ASCII, base64 runs that hold text as that text
-    (classifiers.encoded, nested up to three levels), English in a Caesar (ROT13) or Atbash
+    """The text as the classifier reads it: invisible characters folded and bytes smuggled in
+    variation selectors read as their text (classifiers.invisible), fullwidth and styled letters
+    and odd spaces as ASCII, base64 runs that hold text as that text (classifiers.encoded,
+    nested up to three levels), English in a Caesar (ROT13) or Atbash
     cipher, in Morse or in character codes as that English, traditional Chinese as simplified
     (classifiers.hant), look-alike letters in Latin words as Latin and spelled-out words joined
     (classifiers.lookalike), English and Chinese written backwards as written forwards
     (classifiers.flipped), Chinese written in pinyin as characters and characters written for
     their sound (homophones) as the characters meant (classifiers.pinyin). Only what is scored;
     the upstream gets the text as it was sent."""
-    text = text.translate(_READING)
+    text = unhide(text).translate(_READING)
     plain = decipher(unspell(unwrap(text)))
     if plain != text:  # what was encoded may hide characters of its own
         text = plain.translate(_READING)

@@ -178,6 +178,14 @@ def test_a_prompt_longer_than_the_classifier_reads_is_refused_not_forwarded(
     assert e.value.status_code == 413
     body = e.value.body
     assert isinstance(body, dict) and body["code"] == "prompt_too_long" and body["type"]
+    # 3.5 MB (the body limit is 4 MB): read whole it took seconds, past the classifier's budget,
+    # and was refused as 503 classifier_unavailable; read by its edges it is too long, at once.
+    with pytest.raises(openai.APIStatusError) as e:
+        oa.chat.completions.create(
+            model="tiny-llama", messages=[{"role": "user", "content": report * 200}], max_tokens=8
+        )
+    assert e.value.status_code == 413 and isinstance(e.value.body, dict)
+    assert e.value.body["code"] == "prompt_too_long"
     inp = triton_http.InferInput("text_input", [1], "BYTES")
     inp.set_data_from_numpy(np.array([f"Summarise: {report}".encode()], dtype=np.object_), binary_data=True)
     before = _executions(real, "echo")
