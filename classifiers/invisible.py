@@ -25,7 +25,7 @@ _SELECTORS = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{4,}")
 def unhide(text: str) -> str:
     """`text` with each run of variation selectors whose bytes are text read as that text,
     between spaces; any other run is left (and dropped by FOLD)."""
-    return _SELECTORS.sub(_bytes, text) if _SELECTORS.search(text) else text
+    return _SELECTORS.sub(_bytes, text)
 
 
 def _bytes(m: re.Match[str]) -> str:

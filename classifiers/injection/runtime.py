@@ -96,8 +96,8 @@ def reading_form(text: str) -> str:
     """The text as the classifier reads it: invisible characters folded and bytes smuggled in
     variation selectors read as their text (classifiers.invisible), fullwidth and styled letters
     and odd spaces as ASCII, base64 runs that hold text as that text (classifiers.encoded,
-    nested up to three levels), English in a Caesar (ROT13) or Atbash
-    cipher, in Morse or in character codes as that English, traditional Chinese as simplified
+    nested up to three levels), English in a Caesar (ROT13) or Atbash cipher, in Morse or in
+    character codes as that English, traditional Chinese as simplified
     (classifiers.hant), look-alike letters in Latin words as Latin and spelled-out words joined
     (classifiers.lookalike), English and Chinese written backwards as written forwards
     (classifiers.flipped), Chinese written in pinyin as characters and characters written for
