@@ -23,13 +23,12 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from classifiers import flipped
+from classifiers import flipped, pinyin
 from classifiers.encoded import COMMON_WORDS
 from classifiers.injection.data import DATASETS, load
 from classifiers.injection.runtime import InjectionModel, Manifest
 
 _LETTERS = re.compile(r"[A-Za-z]+")
-_HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]{2,}")
 FORMS: dict[str, Callable[[str], str]] = {
     "as sent": lambda t: t,
     "letters of each word": lambda t: _LETTERS.sub(lambda m: m.group()[::-1], t),
@@ -57,11 +56,13 @@ def main() -> None:
     # The pairs the bigram table would hold, counted on benign text (classifiers.pinyin prunes
     # pairs seen once; so does this).
     seen = Counter(
-        run[i : i + 2] for t in benign_texts for run in _HAN_RUN.findall(t) for i in range(len(run) - 1)
+        run[i : i + 2]
+        for t in benign_texts
+        for run in pinyin._HAN_RUN.findall(t)
+        for i in range(len(run) - 1)
     )
     kept = {p for p, n in seen.items() if n >= 2}
-    benign_pairs = {p: 1 for p in kept if p[::-1] not in kept}
-    benign_pairs.update({p[::-1]: -1 for p in benign_pairs})
+    benign_pairs = flipped.told(kept)
     read = flipped.unflip
     print(f"threshold {threshold}; flagged of dev's rows, flipped line by line")
     for lang in ("en", "zh"):

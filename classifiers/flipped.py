@@ -36,6 +36,7 @@ from pathlib import Path
 
 from classifiers import pinyin
 from classifiers.encoded import COMMON_WORDS
+from classifiers.scripts import HAN
 
 _PATH = Path(__file__).with_name("english.txt")
 ENGLISH_SHA256 = "7b42d5d9b23e39d3e86341b8eeb70168e7579fc824e10d36229e339582f3d460"
@@ -78,7 +79,6 @@ _LINKS = frozenset("of in to for with on at from by about into over under and or
 _HAN_STRETCH = re.compile(
     r"[\u3400-\u4dbf\u4e00-\u9fff](?:[\u3400-\u4dbf\u4e00-\u9fff\s\d]*[\u3400-\u4dbf\u4e00-\u9fff])?"
 )
-_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 _HAN_PAIR = re.compile(r"(?=([\u3400-\u4dbf\u4e00-\u9fff]{2}))")  # every pair, overlapping
 
 
@@ -88,7 +88,7 @@ def unflip(text: str) -> str:
     if len(_hits(words)) >= 3:  # most texts: fewer
         whole = _backwards(words)
         text = "\n".join(_forwards(line) if whole else _line(line) for line in text.split("\n"))
-    if _HAN.search(text):
+    if HAN.search(text):
         text = "\n".join(_chinese_line(line) for line in text.split("\n"))
     return text
 
@@ -193,10 +193,14 @@ def _pairs() -> dict[str, int]:
     """What a pair of neighbouring characters tells, from the bigram table of classifiers.pinyin:
     1, the table holds it and not read backwards; -1, it holds it only read backwards. A pair it
     holds both ways (是的, 的是) tells nothing, nor one it does not hold: neither is here."""
-    known = {a + b for b, before in pinyin.model().bigram.items() for a in before}
-    told = {pair: 1 for pair in known if pair[::-1] not in known}
-    told.update({pair[::-1]: -1 for pair in told})
-    return told
+    return told({a + b for b, before in pinyin.model().bigram.items() for a in before})
+
+
+def told(known: set[str]) -> dict[str, int]:
+    """What each of the two-character pairs `known` tells read forwards (1) and backwards (-1),
+    those known both ways left out (`_pairs`; bench.flipped counts its own)."""
+    one_way = {pair: 1 for pair in known if pair[::-1] not in known}
+    return one_way | {pair[::-1]: -1 for pair in one_way}
 
 
 def _counts(text: str) -> tuple[int, int, int]:
