@@ -6,6 +6,7 @@ Used by `ztgate up` and by the test environments, so both start things the same 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import socket
@@ -33,11 +34,12 @@ def port_open(host: str, port: int) -> bool:
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
-    """True if GET url answers 200."""
+    """True if GET url answers 200. Anything else there, an answer that is no HTTP among them
+    (another process's HTTP/2 server on a port taken before ours bound it), is not ready."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - our own loopback URLs
             return bool(r.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
         return False
 
 
