@@ -9,7 +9,9 @@ is counted in every request limit at once.
 Token limits admit a request while the window's tokens are under the limit. Its body then
 reserves what it may use (its prompt, estimated, and its answer's cap: `max_tokens` or
 `max_completion_tokens` times `n`, else the policy's `reserve_tokens`), counted at once, so the
-requests in flight hold their place and a burst cannot all pass on one window's room. When it
+requests in flight hold their place and a burst cannot all pass on one window's room. A request
+that sets no cap is forwarded with `max_tokens: reserve_tokens` (`cap_answers`), so it uses no more
+than it reserved; a cap field that is no whole number is refused with 400. When it
 ends, its tokens replace the reservation: the answer's `usage.total_tokens` (OpenAI answers, and
 streams with `stream_options.include_usage`), else an estimate of its prompt and answer text
 (UTF-8 bytes / 4, rounded up; a KServe answer, a stream without usage); a request never
@@ -26,14 +28,17 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
-from typing import ClassVar, Literal, Self
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from filters._protocols import Prompt
+from filters import _kserve, _openai
+from filters._protocols import Prompt, compact_json
 from filters.base import (
     CONTINUE,
     BaseFilter,
+    Continue,
     Decision,
     Deny,
     Phase,
@@ -130,12 +135,22 @@ class QuotaParams(BaseModel):
         description="Token limits: answer tokens reserved, while it is in flight, for a request that "
         "sets no max_tokens (max_completion_tokens; KServe: max_tokens).",
     )
+    cap_answers: bool = Field(
+        default=True,
+        description="Token limits, enforce mode: a request that sets no answer cap is forwarded with "
+        "max_tokens set to reserve_tokens (KServe generate: parameters.max_tokens), so it uses no "
+        "more than it reserved. false: such a request may write past its reservation.",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> Self:
         names = [lim.name for lim in self.limits]
         if len(set(names)) != len(names):
             raise ValueError(f"limit names must be unique: {', '.join(sorted(names))}")
+        if self.cap_answers and self.reserve_tokens == 0 and any(lim.kind == "tokens" for lim in self.limits):
+            raise ValueError(
+                "cap_answers would cap answers at reserve_tokens: 0; set reserve_tokens, or cap_answers: false"
+            )
         return self
 
 
@@ -280,7 +295,16 @@ class TokenQuota(Quota):
         who, p = ctx.principal, ctx.prompt
         if who is None or p is None:
             return CONTINUE
-        tokens = reservation(p, self.params.reserve_tokens)
+        enforce = self.params.mode == "enforce"
+        try:
+            asked = answer_cap(p)
+        except CapError as exc:
+            if enforce:
+                return Deny(400, ErrorCode.INVALID_REQUEST, str(exc))
+            asked = Asked(None, 1)  # monitor mode changes no request: counted as one with no cap
+        caps = asked.cap is None and self.params.cap_answers and enforce and cappable(p)
+        capped = self.params.reserve_tokens if caps else None
+        tokens = reservation(p, asked, self.params.reserve_tokens)
         try:
             async with asyncio.timeout(self.params.timeout_s):
                 got, at_ms = await self.store.reserve_tokens(self.windows(who, self.tokens), tokens)
@@ -292,8 +316,11 @@ class TokenQuota(Quota):
             return self._refuse(ctx, self.tokens[got.refused_by], got)
         ctx.state[_RESERVED] = (tokens, at_ms)
         detail = f"tokens={tokens},{_counts(self.tokens, got)}"
-        ctx.verdicts.append(Verdict(self.name, "reserve", "count", 0.0, detail))
-        return CONTINUE
+        if capped is None:
+            ctx.verdicts.append(Verdict(self.name, "reserve", "count", 0.0, detail))
+            return CONTINUE
+        ctx.verdicts.append(Verdict(self.name, "reserve", "count", 0.0, f"{detail},capped={capped}"))
+        return Continue(body=cap_answer(p, capped))
 
     async def on_settle(self, ctx: RequestContext) -> Decision:
         who = ctx.principal
@@ -317,27 +344,80 @@ class TokenQuota(Quota):
 _RESERVED = "quota:reserved"
 
 
-def reservation(p: Prompt, answer_default: int) -> int:
-    """Tokens a request may use: its prompt, estimated (UTF-8 bytes / 4, rounded up), and its
-    answer's cap (`max_completion_tokens` or `max_tokens`, times `n` choices; KServe:
-    `max_tokens`, at the top or in `parameters`), else `answer_default`."""
+class CapError(ValueError):
+    """A field that caps the answer holds no count: the request cannot be reserved for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a request asks of its answer: its cap per choice (None: it sets none) and its choices."""
+
+    cap: int | None
+    choices: int
+
+
+# Fields that cap an OpenAI-style answer, in any server: vLLM reads max_completion_tokens, else
+# max_tokens (a 0 in the first falls back to the second); llama.cpp reads n_predict before
+# max_tokens. The largest one set is reserved, whichever the model server obeys.
+_OPENAI_CAPS = ("max_completion_tokens", "max_tokens", "n_predict")
+
+
+def answer_cap(p: Prompt) -> Asked:
+    """The largest answer cap the request sets (OpenAI: max_completion_tokens, max_tokens,
+    n_predict, with `n` choices; KServe: max_tokens at the top or in `parameters`). Raises
+    CapError for such a field that is neither null nor a whole number >= 0: a model server may
+    read "5000" or 5e3 as a number the quota would not have counted."""
     doc = p.document if isinstance(p.document, dict) else {}
     if p.protocol is Protocol.OPENAI:
-        cap = _count(doc.get("max_completion_tokens"))
-        cap = cap if cap is not None else _count(doc.get("max_tokens"))
-        choices = _count(doc.get("n")) or 1
+        fields = [(doc.get(name), name) for name in _OPENAI_CAPS]
+        choices = max(_checked(doc.get("n"), "n") or 1, 1)
     else:
-        params = doc.get("parameters")
-        cap = _count(doc.get("max_tokens"))
-        if cap is None and isinstance(params, dict):
-            cap = _count(params.get("max_tokens"))
+        top, params = doc.get("max_tokens"), doc.get("parameters")
+        # a generate request's top-level fields are the model's inputs: one value, or a list of one
+        fields = [(top[0] if isinstance(top, list) and len(top) == 1 else top, "max_tokens")]
+        if isinstance(params, dict):
+            fields.append((params.get("max_tokens"), "parameters.max_tokens"))
         choices = 1
-    answer = (cap if cap is not None else answer_default) * choices
+    caps = [c for v, said in fields if (c := _checked(v, said)) is not None]
+    return Asked(max(caps, default=None), choices)
+
+
+def _checked(v: Any, said: str) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    raise CapError(f"'{said}' must be a whole number >= 0 (a token quota counts it)")
+
+
+def reservation(p: Prompt, asked: Asked, answer_default: int) -> int:
+    """Tokens a request may use: its prompt, estimated (UTF-8 bytes / 4, rounded up), and its
+    answer's cap times its choices, else `answer_default` times its choices."""
+    answer = (asked.cap if asked.cap is not None else answer_default) * asked.choices
     return math.ceil(len(p.text.encode()) / 4) + answer
 
 
-def _count(v: object) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+def cappable(p: Prompt) -> bool:
+    """Whether the gateway can cap this request's answer: an OpenAI chat or completion, a KServe
+    generate (a KServe infer request is tensors, with no field a server must read as a cap)."""
+    if not isinstance(p.document, dict):
+        return False
+    if p.protocol is Protocol.OPENAI:
+        return p.operation in (_openai.CHAT, _openai.COMPLETION)
+    return p.operation in (_kserve.GENERATE, _kserve.GENERATE_STREAM)
+
+
+def cap_answer(p: Prompt, cap: int) -> bytes:
+    """The request body with its answer capped at `cap` tokens (per choice): `max_tokens`, for a
+    KServe generate in `parameters`. Later filters that rewrite the body start from it."""
+    doc = dict(p.document)
+    if p.protocol is Protocol.OPENAI:
+        doc["max_tokens"] = cap
+    else:
+        params = doc.get("parameters")
+        doc["parameters"] = {**(params if isinstance(params, dict) else {}), "max_tokens": cap}
+    p.document = doc
+    return compact_json(doc)
 
 
 def over_limit(v: Verdict) -> tuple[str, str] | None:

@@ -77,6 +77,11 @@ def _client(env: GatewayEnv, key: str = KEY, retries: int = 0) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{env.url}/v1", api_key=key, max_retries=retries, timeout=10)
 
 
+def _shown(env: GatewayEnv) -> Any:
+    """alice's counters, as `ztgate quota show` prints them."""
+    return json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+
+
 def _ask(client: openai.OpenAI) -> str:
     r = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hello"}])
     return r.choices[0].message.content or ""
@@ -219,7 +224,7 @@ def test_requests_in_flight_reserve_their_tokens_so_a_burst_cannot_spend_one_win
         )
 
     def reserved() -> int:
-        shown = json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+        shown = _shown(env)
         return sum(c["reserved"] for c in shown if c["kind"] == "tokens")
 
     limits = "      - {name: tpm, per: user, tokens: 50, window_s: 60}"
@@ -286,11 +291,50 @@ def test_a_request_refused_after_its_reservation_gives_it_back(tmp_path: Path, u
         for _ in range(3):
             r = chat("no-such-model")
             assert r.status_code == 404, r.text
-        shown = json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+        shown = _shown(env)
         assert [(c["used"], c["reserved"]) for c in shown if c["kind"] == "tokens"] in ([], [(0, 0)]), shown
         assert chat("chat").status_code == 200 and len(up.requests) == 1
-        shown = json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+        shown = _shown(env)
         assert [(c["used"], c["reserved"]) for c in shown if c["kind"] == "tokens"] == [(20, 0)], shown
+
+
+def test_an_answer_without_a_cap_is_capped_at_its_reservation_and_a_cap_that_is_no_number_is_refused(
+    tmp_path: Path, up: ScriptedUpstream
+) -> None:
+    limits = "      - {name: tpm, per: user, tokens: 100000, window_s: 60}\n    reserve_tokens: 256"
+    with _gateway(tmp_path, up.port, limits) as env:
+        up.requests.clear()
+        client = _client(env)
+        messages: Any = [{"role": "user", "content": "hello"}]
+        client.chat.completions.create(model="chat", messages=messages)
+        client.chat.completions.create(model="chat", messages=messages, max_tokens=12)
+        # what the upstream got: the gateway's cap where the client set none, the client's own
+        sent = [json.loads(r.body) for r in up.requests]
+        assert [(d["model"], d.get("max_tokens")) for d in sent] == [("chat", 256), ("chat", 12)], sent
+        assert sent[0]["messages"] == messages
+        # a cap a model server might read as a number the quota did not count: refused unsent
+        for bad in ("5e4", '"50000"', "true"):
+            r = httpx.post(
+                f"{env.url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
+                content=f'{{"model": "chat", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": {bad}}}',
+                timeout=10,
+            )
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "invalid_request", r.text
+            assert "'max_tokens' must be a whole number >= 0" in r.json()["error"]["message"]
+            assert r.headers["x-request-id"]
+        assert len(up.requests) == 2
+        reserved = sorted(
+            v["detail"]
+            for rec in env.audit()
+            for v in rec["decision"]["verdicts"]
+            if v["filter"] == "quota" and v["phase"] == "reserve"
+        )
+        # "hello" is 2 tokens estimated; the first reserved what the gateway capped it at
+        assert reserved == ["tokens=14,tpm=20/100000", "tokens=258,tpm=0/100000,capped=256"], reserved
+        shown = _shown(env)
+        assert [(c["used"], c["reserved"]) for c in shown if c["kind"] == "tokens"] == [(40, 0)], shown
 
 
 def test_a_concurrency_limit_holds_requests_in_flight_and_gives_leases_back_when_they_end(
@@ -348,7 +392,7 @@ def test_a_concurrency_limit_holds_requests_in_flight_and_gives_leases_back_when
             while (got := chat(KEY, "hello")).status_code != 200:
                 assert got.status_code == 429 and time.monotonic() < deadline, got.text
                 time.sleep(0.1)
-            shown = json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+            shown = _shown(env)
             assert {(c["limit"], c["kind"], c["used"]) for c in shown} >= {("in-flight", "concurrent", 1)}
         finally:
             gate.set()
@@ -357,7 +401,7 @@ def test_a_concurrency_limit_holds_requests_in_flight_and_gives_leases_back_when
         assert results["held"] == 200
         # Every lease given back: two at once again.
         assert [chat(KEY, "hello").status_code for _ in range(2)] == [200, 200]
-        shown = json.loads(env.cli("quota", "show", "--tenant", "acme", "--user", "alice").stdout)
+        shown = _shown(env)
         # (a set whose last lease went is gone from Redis)
         assert [c["used"] for c in shown if c["kind"] == "concurrent"] in ([], [0]), shown
         leases = [

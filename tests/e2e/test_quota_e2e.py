@@ -4,6 +4,8 @@ llama.cpp's server reports `usage` on whole answers and, asked with
 `stream_options.include_usage`, in its last stream chunk: those are counted as the server says.
 Triton's KServe answers carry no usage: their tokens are estimated from the text. Once the tenant's
 tokens are used up the next call is refused (429 with retry-after) before any model server runs it.
+A call that sets no `max_tokens` is capped at what it reserved: the tiny model, which otherwise
+writes until its slot's context is full (475 answer tokens with `cap_answers: false`), stops there.
 """
 
 from __future__ import annotations
@@ -35,14 +37,25 @@ default_action: allow
 """
 
 
-@pytest.fixture(scope="module")
-def quota_env(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayEnv]:
+def _own_gateway(real: GatewayEnv, tmp: Path, policy: str) -> Iterator[GatewayEnv]:
     """A gateway of its own (own Redis prefix, own audit chains) in front of the real upstreams."""
-    tmp = Path(tmp_path_factory.mktemp("quota-e2e"))
-    (tmp / "policy.yaml").write_text(POLICY)
+    (tmp / "policy.yaml").write_text(policy)
     reg = yaml.safe_load(real.settings.registry_file.read_text())
     with running(tmp / "gw", reg, env={"ZTGATE_POLICY_FILE": str(tmp / "policy.yaml")}) as env:
         yield env
+
+
+@pytest.fixture(scope="module")
+def quota_env(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayEnv]:
+    yield from _own_gateway(real, Path(tmp_path_factory.mktemp("quota-e2e")), POLICY)
+
+
+@pytest.fixture(scope="module")
+def capping_env(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayEnv]:
+    policy = POLICY.replace(
+        "tokens: 200, window_s: 3600}", "tokens: 5000, window_s: 3600}\n    reserve_tokens: 6"
+    )
+    yield from _own_gateway(real, Path(tmp_path_factory.mktemp("quota-cap-e2e")), policy)
 
 
 def _counted(env: GatewayEnv) -> list[tuple[int, str]]:
@@ -105,3 +118,28 @@ def test_real_answers_are_counted_until_the_tenant_quota_refuses(
         oa.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}])
     assert info.value.response.headers["x-ratelimit-limit-tokens"] == "200"
     assert 1 <= int(info.value.response.headers["retry-after"]) <= 3600
+
+
+def test_a_call_without_max_tokens_stops_at_what_it_reserved(capping_env: GatewayEnv) -> None:
+    oa = openai.OpenAI(base_url=f"{capping_env.url}/v1", api_key=KEY, max_retries=0)
+    whole = oa.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "Tell a story."}]
+    )
+    assert whole.usage is not None and whole.usage.completion_tokens == 6, whole.usage
+    assert whole.choices[0].finish_reason == "length"
+    chunks = list(
+        oa.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "Tell another story."}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    usage = [c.usage for c in chunks if c.usage is not None]
+    assert len(usage) == 1 and usage[0].completion_tokens == 6, usage
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "length"
+    ]
+    # counted as the server said, each well under the reservation's prompt estimate plus 6
+    counted = _counted(capping_env)
+    assert counted == [(whole.usage.total_tokens, "usage"), (usage[0].total_tokens, "usage")], counted

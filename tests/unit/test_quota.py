@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from filters._protocols import Answer, Prompt, Segment
 from filters.base import Phase, Principal, RequestContext
 from filters.chain import BuildEnv
-from filters.quota import Quota, TokenQuota, reservation, used_tokens
+from filters.quota import (
+    CapError,
+    Quota,
+    TokenQuota,
+    answer_cap,
+    cap_answer,
+    cappable,
+    reservation,
+    used_tokens,
+)
 from gateway import policy
 from gateway.registry import Protocol, Registry
 from gateway.settings import Settings
@@ -136,18 +148,91 @@ def test_the_estimate_counts_bytes_so_chinese_text_is_not_undercounted() -> None
     [
         # 12 bytes of prompt: 3 tokens, plus the answer's cap
         (Protocol.OPENAI, {"max_tokens": 50}, 53),
-        (Protocol.OPENAI, {"max_completion_tokens": 40, "max_tokens": 50}, 43),
+        # servers differ in which field they obey (vLLM: a 0 in the first falls back to the
+        # second; llama.cpp reads n_predict first): the largest is reserved
+        (Protocol.OPENAI, {"max_completion_tokens": 40, "max_tokens": 50}, 53),
+        (Protocol.OPENAI, {"max_completion_tokens": 0, "max_tokens": 50}, 53),
+        (Protocol.OPENAI, {"max_tokens": 10, "n_predict": 900}, 903),
         (Protocol.OPENAI, {"max_tokens": 50, "n": 3}, 153),  # every choice is an answer
+        (Protocol.OPENAI, {"n": 2}, 3 + 2 * 1024),
         (Protocol.OPENAI, {}, 3 + 1024),  # no cap: the policy's reserve_tokens
-        (Protocol.OPENAI, {"max_tokens": "50", "n": True}, 3 + 1024),  # not counts: ignored
+        (Protocol.OPENAI, {"max_tokens": None}, 3 + 1024),
         (Protocol.OPENAI, {"max_tokens": 0}, 3),
         (Protocol.KSERVE_V2, {"max_tokens": 16}, 19),
+        (Protocol.KSERVE_V2, {"max_tokens": [16]}, 19),  # a generate input of one value
         (Protocol.KSERVE_V2, {"parameters": {"max_tokens": 8}}, 11),
+        (Protocol.KSERVE_V2, {"max_tokens": 4, "parameters": {"max_tokens": 8}}, 11),
         (Protocol.KSERVE_V2, {"n": 4}, 3 + 1024),  # KServe has no choices
     ],
 )
-def test_a_request_reserves_its_prompt_and_its_answers_cap(
+def test_a_request_reserves_its_prompt_and_its_answers_largest_cap(
     protocol: Protocol, doc: dict[str, object], expected: int
 ) -> None:
     p = Prompt(protocol, "chat", "m", segments=(Segment("user", "hello world!"),), document=doc)
-    assert reservation(p, 1024) == expected
+    assert reservation(p, answer_cap(p), 1024) == expected
+
+
+@pytest.mark.parametrize(
+    ("protocol", "doc", "field"),
+    [
+        # each of these a model server may read as a number the quota would not have counted
+        (Protocol.OPENAI, {"max_tokens": "50000"}, "max_tokens"),
+        (Protocol.OPENAI, {"max_tokens": 5e4}, "max_tokens"),
+        (Protocol.OPENAI, {"max_tokens": 50.0}, "max_tokens"),
+        (Protocol.OPENAI, {"max_tokens": True}, "max_tokens"),
+        (Protocol.OPENAI, {"max_tokens": -1}, "max_tokens"),
+        (Protocol.OPENAI, {"max_tokens": 10, "max_completion_tokens": [9]}, "max_completion_tokens"),
+        (Protocol.OPENAI, {"max_tokens": 10, "n_predict": "9"}, "n_predict"),
+        (Protocol.OPENAI, {"max_tokens": 10, "n": 2.0}, "n"),
+        (Protocol.KSERVE_V2, {"max_tokens": [16, 16]}, "max_tokens"),
+        (Protocol.KSERVE_V2, {"parameters": {"max_tokens": "8"}}, "parameters.max_tokens"),
+    ],
+)
+def test_a_cap_that_is_no_whole_number_is_refused(
+    protocol: Protocol, doc: dict[str, object], field: str
+) -> None:
+    p = Prompt(protocol, "chat", "m", segments=(Segment("user", "hi"),), document=doc)
+    with pytest.raises(CapError, match=f"^'{re.escape(field)}' must be a whole number >= 0"):
+        answer_cap(p)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "operation", "doc", "sent"),
+    [
+        (Protocol.OPENAI, "chat", {"model": "m", "max_tokens": None}, {"model": "m", "max_tokens": 64}),
+        (Protocol.OPENAI, "completion", {"model": "m"}, {"model": "m", "max_tokens": 64}),
+        (
+            Protocol.KSERVE_V2,
+            "generate_stream",
+            {"text_input": "hi", "parameters": {"temperature": 0}},
+            {"text_input": "hi", "parameters": {"temperature": 0, "max_tokens": 64}},
+        ),
+        (
+            Protocol.KSERVE_V2,
+            "generate",
+            {"text_input": "hi"},
+            {"text_input": "hi", "parameters": {"max_tokens": 64}},
+        ),
+    ],
+)
+def test_an_uncapped_answer_is_capped_at_what_it_reserved(
+    protocol: Protocol, operation: str, doc: dict[str, object], sent: dict[str, object]
+) -> None:
+    p = Prompt(protocol, operation, "m", segments=(Segment("user", "hi"),), document=doc)
+    assert cappable(p)
+    body = cap_answer(p, 64)
+    assert json.loads(body) == sent and p.document == sent  # later rewrites start from it
+    assert answer_cap(p).cap == 64
+
+
+def test_a_kserve_infer_request_has_no_cap_to_set() -> None:
+    p = Prompt(Protocol.KSERVE_V2, "infer", "m", document={"inputs": []})
+    assert not cappable(p)
+
+
+def test_capping_at_zero_reserved_tokens_is_refused() -> None:
+    text = AFTER_PROTOCOL.replace(
+        "requests: 10, window_s: 60}", "tokens: 10, window_s: 60}\n    reserve_tokens: 0"
+    )
+    assert_refused_where(text, ENV, "cap_answers would cap answers at reserve_tokens: 0")
+    assert _compile(text.replace("reserve_tokens: 0", "reserve_tokens: 0\n    cap_answers: false"))
