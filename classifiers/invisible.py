@@ -6,7 +6,7 @@ the injection model nor a PII pattern recognizes, while the text looks the same 
 dropped. Variation selectors carry no text, only bytes smuggled past a reader: dropped; a run of
 four or more of them whose bytes are UTF-8 text ("emoji smuggling": VS1–VS16 are bytes 0–15,
 VS17–VS256 bytes 16–255, hung on one emoji) is read by the injection model as that text
-(`unhide`), as an encoded run is. Tag characters spell ASCII invisibly ("ASCII smuggling") and a
+(`unhide`), as an encoded run is, and by PII redaction (`hidden_texts`). Tag characters spell ASCII invisibly ("ASCII smuggling") and a
 model may still read them: folded to the letters they spell. Only what the checks read; the text
 that travels is left as it was.
 """
@@ -25,18 +25,31 @@ _SELECTORS = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{4,}")
 def unhide(text: str) -> str:
     """`text` with each run of variation selectors whose bytes are text read as that text,
     between spaces; any other run is left (and dropped by FOLD)."""
-    return _SELECTORS.sub(_bytes, text)
+    return _SELECTORS.sub(lambda m: f" {t} " if (t := _text(m.group())) is not None else m.group(), text)
 
 
-def _bytes(m: re.Match[str]) -> str:
-    raw = bytes(ord(c) - 0xFE00 if ord(c) < 0xFE10 else ord(c) - 0xE0100 + 16 for c in m.group())
+def hidden_texts(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, text) of each run of variation selectors in `text` whose bytes are text."""
+    if text.isascii():
+        return []
+    return [(m.start(), m.end(), t) for m in _SELECTORS.finditer(text) if (t := _text(m.group())) is not None]
+
+
+def in_selectors(text: str) -> str:
+    """`text`'s UTF-8 bytes as variation selectors, as emoji smuggling writes them (what
+    `hidden_texts` reads; for tests and benches)."""
+    return "".join(chr(0xFE00 + b) if b < 16 else chr(0xE0100 + b - 16) for b in text.encode())
+
+
+def _text(run: str) -> str | None:
+    raw = bytes(ord(c) - 0xFE00 if ord(c) < 0xFE10 else ord(c) - 0xE0100 + 16 for c in run)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return m.group()
+        return None
     if sum(c.isprintable() or c in "\n\t" for c in text) < 0.95 * len(text):
-        return m.group()
-    return f" {text} "
+        return None
+    return text
 
 
 def _table() -> dict[int, str | None]:

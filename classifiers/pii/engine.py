@@ -20,7 +20,7 @@ from presidio_analyzer import AnalyzerEngine, RecognizerRegistry, RecognizerResu
 from presidio_analyzer.nlp_engine import NoOpNlpEngine
 
 from classifiers import encoded
-from classifiers.invisible import FOLD
+from classifiers.invisible import FOLD, hidden_texts
 from classifiers.pii.recognizers import (
     BUILTIN_ENTITIES,
     PERSON,
@@ -334,6 +334,18 @@ class PiiEngine:
                 out.append(RecognizerResult(best.entity, start, end, best.score))
         return out
 
+    def _smuggled(self, text: str) -> list[Span]:
+        """Runs of variation selectors whose bytes are text that holds PII ("emoji smuggling"),
+        each found whole as its best entity, at its place in `text` (they read as nothing in the
+        normalized text)."""
+        out: list[Span] = []
+        for start, end, plain in hidden_texts(text):
+            inner = self.analyze(plain)
+            if inner:
+                best = max(inner, key=lambda s: s.score)
+                out.append(Span(start, end, best.entity, best.score))
+        return out
+
     def _recognize(self, norm: str) -> list[RecognizerResult]:
         return self._analyzer.analyze(
             norm, language="en", entities=list(self.entities), score_threshold=self.threshold
@@ -341,15 +353,17 @@ class PiiEngine:
 
     def analyze(self, text: str, *, encoded_runs: bool = True) -> list[Span]:
         """Findings in `text` at or above the threshold, non-overlapping, in text order; PII
-        inside a run of base64, base32, hex or escapes (up to three levels) is found as the whole run."""
+        inside a run of base64, base32, hex or escapes (up to three levels), or in the bytes of a
+        run of variation selectors, is found as the whole run."""
         if not text:
             return []
+        smuggled = self._smuggled(text)
         norm, back = normalize(text)
         plain = self._prefilter is None or self._prefilter.search(norm) is not None
         hidden = self._encoded(norm) if encoded_runs else []
         words = next(_spelled_runs(norm), None) is not None
         if not plain and not hidden and not words:
-            return []
+            return smuggled
         held: list[tuple[int, int]] = []
         if "<" in norm or "[" in norm:
             held = [m.span() for m in _PLACEHOLDER.finditer(norm)]
@@ -392,7 +406,7 @@ class PiiEngine:
             kept.append(Span(start, end, best.entity, best.score))
         if back is not None:
             kept = [Span(back[s.start], back[s.end], s.entity, s.score) for s in kept]
-        return sorted(kept, key=lambda s: s.start)
+        return _merged(kept + smuggled) if smuggled else sorted(kept, key=lambda s: s.start)
 
     def redact(self, text: str, replace: Replacer) -> tuple[str, list[Span]]:
         """`text` with every finding replaced, and the findings (offsets into `text`)."""
@@ -406,6 +420,20 @@ class PiiEngine:
                 break
             out = apply(out, more, replace)
         return out, spans
+
+
+def _merged(spans: list[Span]) -> list[Span]:
+    """`spans` in text order, overlapping ones made one (the higher score's entity): a finding
+    read in the normalized text can reach over a run of selectors, which reads as nothing there."""
+    out: list[Span] = []
+    for s in sorted(spans, key=lambda s: s.start):
+        if out and s.start < out[-1].end:
+            k = out[-1]
+            best = k if k.score >= s.score else s
+            out[-1] = Span(k.start, max(k.end, s.end), best.entity, best.score)
+        else:
+            out.append(s)
+    return out
 
 
 def apply(text: str, spans: Sequence[Span], replace: Replacer) -> str:

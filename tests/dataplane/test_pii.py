@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from bench import pii_synth as synth
+from classifiers.invisible import in_selectors
 from tests.harness import (
     KEY,
     GatewayEnv,
@@ -100,14 +101,16 @@ def test_prompt_reaches_the_upstream_redacted(client: Gw) -> None:
     oai.handler = lambda _r: json_answer(
         {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}
     )
-    prompt = f"我的身份证{ID}，工号EMP-123456，卡 {synth.grouped(CARD)}"
+    prompt = f"我的身份证{ID}，工号EMP-123456，卡 {synth.grouped(CARD)}，\U0001f600{in_selectors(MOBILE)}"
     r = c.post(
         "/v1/chat/completions", json={"model": "chat", "messages": [{"role": "user", "content": prompt}]}
     )
     assert r.status_code == 200, r.text
     sent = json.loads(oai.requests[0].body)
     assert sent["model"] == "org/chat"  # the route's rewrite survives the redaction
-    assert sent["messages"][0]["content"] == "我的身份证<CN_RESIDENT_ID>，工号<EMPLOYEE_ID>，卡 <CREDIT_CARD>"
+    assert sent["messages"][0]["content"] == (
+        "我的身份证<CN_RESIDENT_ID>，工号<EMPLOYEE_ID>，卡 <CREDIT_CARD>，\U0001f600<CN_MOBILE>"
+    )
     assert ID.encode() not in oai.requests[0].body
 
 
@@ -157,7 +160,8 @@ def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed
     text = (
         f"您的身份证号是{ID}，银行卡{synth.grouped(CARD)}，请拨打{MOBILE}或{MOBILE_CN}。"
         "Mail zhang.san [at] example [dot] com or ｌｉ＿ｓｉ＠ｑｑ．ｃｏｍ. "
-        f"Glued: ID{ID}x, tel{MOBILE}. Spaced: {' '.join(ID)}; in words: {SPELLED}. Thanks!"
+        f"Glued: ID{ID}x, tel{MOBILE}. Spaced: {' '.join(ID)}; in words: {SPELLED}. "
+        f"Hidden: \U0001f600{in_selectors(MOBILE)}. Thanks!"
     )
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(text)), 16))
@@ -171,7 +175,7 @@ def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed
     assert content == (
         "您的身份证号是<CN_RESIDENT_ID>，银行卡<CREDIT_CARD>，请拨打<CN_MOBILE>或<CN_MOBILE>。"
         "Mail <EMAIL_ADDRESS> or <EMAIL_ADDRESS>. Glued: ID<CN_RESIDENT_ID>x, tel<CN_MOBILE>. "
-        "Spaced: <CN_RESIDENT_ID>; in words: <CN_MOBILE>. Thanks!"
+        "Spaced: <CN_RESIDENT_ID>; in words: <CN_MOBILE>. Hidden: \U0001f600<CN_MOBILE>. Thanks!"
     )
     for secret in (
         ID[:8],
@@ -180,6 +184,7 @@ def test_streamed_answer_is_redacted_live_whatever_the_chunking(client: Gw, seed
         MOBILE[:6],
         MOBILE_CN[:4],
         SPELLED[:20],
+        in_selectors(MOBILE[:4]),
         "zhang",
         "example",
         "ｌｉ",

@@ -15,6 +15,7 @@ from classifiers.encoded import runs, unwrap
 from classifiers.injection.data import DATASETS, load
 from classifiers.injection.runtime import InjectionModel, Manifest, reading_form
 from classifiers.injection.train import Windows, _dev_metrics
+from classifiers.invisible import in_selectors
 
 SHIPPED = Path(__file__).resolve().parents[2] / "classifiers" / "injection" / "model"
 
@@ -68,11 +69,6 @@ def _tags(text: str) -> str:
     return "".join(chr(0xE0000 + ord(c)) for c in text)
 
 
-def _selectors(text: str) -> str:
-    """`text`'s bytes as variation selectors (emoji smuggling): VS1-VS16 0-15, VS17-VS256 16-255."""
-    return "".join(chr(0xFE00 + b) if b < 16 else chr(0xE0100 + b - 16) for b in text.encode())
-
-
 def _styled(text: str, upper: int, lower: int) -> str:
     """ASCII letters as a styled alphabet whose A and a sit at `upper` and `lower`."""
     return "".join(
@@ -124,8 +120,8 @@ def _morse(text: str) -> str:
         ("\u200b".join(PLAIN_ZH[:9]) + PLAIN_ZH[9:], PLAIN_ZH),
         ("Hello!" + _tags(PLAIN_EN), "Hello!" + PLAIN_EN),  # ASCII smuggled in invisible tag characters
         # Bytes smuggled in variation selectors hung on an emoji, English and Chinese.
-        ("Nice day \U0001f600" + _selectors(PLAIN_EN), f"Nice day \U0001f600 {PLAIN_EN} "),
-        ("\U0001f600" + _selectors(PLAIN_ZH), f"\U0001f600 {PLAIN_ZH} "),
+        ("Nice day \U0001f600" + in_selectors(PLAIN_EN), f"Nice day \U0001f600 {PLAIN_EN} "),
+        ("\U0001f600" + in_selectors(PLAIN_ZH), f"\U0001f600 {PLAIN_ZH} "),
         # Look-alikes: Cyrillic and Greek letters inside Latin words, mathematical bold, circled
         # letters, small capitals, strike-through marks stacked on each letter.
         (PLAIN_EN.translate(str.maketrans("oaiecp", "оаіеср")), PLAIN_EN),
@@ -231,7 +227,7 @@ def test_escapes_read_surrogate_pairs_as_one_character_and_a_lone_one_as_a_repla
 
 def test_variation_selectors_that_choose_a_glyph_or_hold_no_text_are_dropped() -> None:
     assert reading_form("I \u2764\ufe0f you \u263a\ufe0f\u263a\ufe0f") == "I \u2764 you \u263a\u263a"
-    assert reading_form("x" + _selectors("\x00\x01\x02\x03\x04\x05") + "y") == "xy"  # bytes, no text
+    assert reading_form("x" + in_selectors("\x00\x01\x02\x03\x04\x05") + "y") == "xy"  # bytes, no text
 
 
 def test_base64_that_holds_text_is_read_as_that_text() -> None:

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from bench import pii_synth as synth
+from classifiers.invisible import in_selectors
 from classifiers.pii._checks import cn_id_ok, iban_ok, luhn_ok
 from classifiers.pii.engine import CustomPattern, PiiEngine, Replacement, Span, replacer
 
@@ -242,6 +243,41 @@ def test_digits_spelled_in_invisible_tag_characters_are_found() -> None:
     hidden = "".join(chr(0xE0000 + ord(c)) for c in ID)
     (span,) = ENGINE.analyze(f"see {hidden} here")
     assert span.entity == "CN_RESIDENT_ID" and span.end - span.start == len(hidden)
+
+
+@pytest.mark.parametrize(
+    ("hidden", "entity"),
+    [
+        ("13800138000", "CN_MOBILE"),
+        ("write to john.doe@example.com", "EMAIL_ADDRESS"),
+        ("4111 1111 1111 1111", "CREDIT_CARD"),
+        (f"身份证 {ID}", "CN_RESIDENT_ID"),
+        (base64.b64encode(b"13800138000").decode(), "CN_MOBILE"),  # an encoding inside them
+    ],
+)
+def test_pii_in_the_bytes_of_variation_selectors_is_found_as_the_whole_run(hidden: str, entity: str) -> None:
+    run = in_selectors(hidden)
+    text = f"Nice day \U0001f600{run} ok"
+    (span,) = ENGINE.analyze(text)
+    assert span.entity == entity and text[span.start : span.end] == run
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I \u2764\ufe0f it",  # one selector choosing a glyph
+        f"\U0001f600{in_selectors('hello world')}",  # text, but no PII
+        "\U0001f600" + "".join(chr(0xE0100 + 200) for _ in range(11)),  # bytes that are no UTF-8
+    ],
+)
+def test_selectors_without_pii_are_no_finding(text: str) -> None:
+    assert ENGINE.analyze(text) == []
+
+
+def test_a_number_next_to_a_run_of_selectors_is_redacted_with_it() -> None:
+    text = f"13800138000{in_selectors(ID)}后"
+    out, _ = ENGINE.redact(text, replacer(Replacement.ENTITY))
+    assert out.endswith("后") and not any(c.isdigit() or 0xE0100 <= ord(c) < 0xE01F0 for c in out), out
 
 
 def test_custom_patterns_with_context_and_threshold() -> None:

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench import pii_synth as synth
+from classifiers.invisible import in_selectors
 from classifiers.pii.engine import PiiEngine, Replacement, replacer
 from classifiers.pii.stream import HOLD_LIMIT, StreamRedactor, safe_cut
 from filters.base import Continue, Decision, Deny, RequestContext
@@ -195,6 +196,17 @@ def test_a_spelled_out_address_never_leaks_a_part_for_any_two_cuts(address: str)
     text = f"Mail me: {address}, or ring (at) noon. 谢谢"
     whole, spans = ENGINE.redact(text, TYPED)
     assert whole == "Mail me: <EMAIL_ADDRESS>, or ring (at) noon. 谢谢" and len(spans) == 1
+    for a in range(len(text) + 1):
+        for b in range(a, len(text) + 1):
+            red = StreamRedactor(ENGINE, TYPED)
+            out = "".join(red.push("c", d) for d in (text[:a], text[a:b], text[b:])) + red.flush("c")
+            assert out == whole, (a, b)
+
+
+def test_pii_in_variation_selectors_never_leaks_for_any_two_cuts() -> None:
+    text = f"好的 \U0001f600{in_selectors('13800138000')} 谢谢"
+    whole, _ = ENGINE.redact(text, TYPED)
+    assert whole == "好的 \U0001f600<CN_MOBILE> 谢谢"
     for a in range(len(text) + 1):
         for b in range(a, len(text) + 1):
             red = StreamRedactor(ENGINE, TYPED)
