@@ -8,8 +8,9 @@ is counted in every request limit at once.
 
 Token limits admit a request while the window's tokens are under the limit. Its body then
 reserves what it may use (its prompt, estimated, and its answer's cap: `max_tokens` or
-`max_completion_tokens` times `n`, else the policy's `reserve_tokens`), counted at once, so the
-requests in flight hold their place and a burst cannot all pass on one window's room. A request
+`max_completion_tokens` times `n`, else the policy's `reserve_tokens`), counted at once and only
+if it fits in what the window has left, so the requests in flight hold their place, a burst
+cannot all pass on one window's room, and no request asks its way past the limit. A request
 that sets no cap is forwarded with `max_tokens: reserve_tokens` (`cap_answers`), so it uses no more
 than it reserved; a cap field that is no whole number is refused with 400. When it
 ends, its tokens replace the reservation: the answer's `usage.total_tokens` (OpenAI answers, and
@@ -239,7 +240,24 @@ class Quota(BaseFilter):
                 expires_in_s=self.lease_ttl_ms // 1000,
             )
 
-    def _refuse(self, ctx: RequestContext, lim: Limit, a: Admission) -> Decision:
+    def _too_large(self, ctx: RequestContext, lim: Limit, tokens: int) -> Decision:
+        detail = f"limit={lim.name},needs={tokens}"
+        if self.params.mode == "monitor":
+            if any(over_limit(v) for v in ctx.verdicts):
+                return CONTINUE  # over at request headers already: marked once
+            ctx.verdicts.append(Verdict(self.name, "admit", "monitor:deny", 0.0, detail))
+            return CONTINUE
+        ctx.verdicts.append(Verdict(self.name, "admit", "deny", 0.0, detail))
+        return Deny(
+            429,
+            ErrorCode.TOKEN_QUOTA_EXCEEDED,
+            f"this request may use {tokens} tokens (its prompt, estimated, and its answer's cap), more "
+            f"than token quota {lim.name!r} allows ({lim.tokens} tokens per {lim.window} s); ask for "
+            "a smaller max_tokens",
+            (("x-ratelimit-limit-tokens", str(lim.amount)),),
+        )
+
+    def _refuse(self, ctx: RequestContext, lim: Limit, a: Admission, needs: int = 0) -> Decision:
         retry_s = math.ceil(a.retry_after_ms / 1000)
         detail = f"limit={lim.name},retry_after_ms={a.retry_after_ms}"
         if self.params.mode == "monitor":
@@ -268,11 +286,19 @@ class Quota(BaseFilter):
                 f"retry in {retry_s} s",
                 headers,
             )
+        held = f"{lim.tokens} tokens per {lim.window} s, those reserved by requests in flight included"
+        if needs:
+            return Deny(
+                429,
+                ErrorCode.TOKEN_QUOTA_EXCEEDED,
+                f"token quota {lim.name!r} has no room for this request's {needs} tokens (its prompt, "
+                f"estimated, and its answer's cap; {held}); retry in {retry_s} s",
+                headers,
+            )
         return Deny(
             429,
             ErrorCode.TOKEN_QUOTA_EXCEEDED,
-            f"token quota {lim.name!r} used up ({lim.tokens} tokens per {lim.window} s, those reserved "
-            f"by requests in flight included); retry in {retry_s} s",
+            f"token quota {lim.name!r} used up ({held}); retry in {retry_s} s",
             headers,
         )
 
@@ -305,6 +331,9 @@ class TokenQuota(Quota):
         caps = asked.cap is None and self.params.cap_answers and enforce and cappable(p)
         capped = self.params.reserve_tokens if caps else None
         tokens = reservation(p, asked, self.params.reserve_tokens)
+        over = next((lim for lim in self.tokens if tokens > lim.amount), None)
+        if over is not None:  # never fits: refused unsent, whatever the window holds
+            return self._too_large(ctx, over, tokens)
         try:
             async with asyncio.timeout(self.params.timeout_s):
                 got, at_ms = await self.store.reserve_tokens(self.windows(who, self.tokens), tokens)
@@ -313,7 +342,7 @@ class TokenQuota(Quota):
         if got.refused_by is not None:  # the window filled since request headers
             if any(over_limit(v) for v in ctx.verdicts):
                 return CONTINUE  # monitor mode, over at request headers already: marked once
-            return self._refuse(ctx, self.tokens[got.refused_by], got)
+            return self._refuse(ctx, self.tokens[got.refused_by], got, needs=tokens)
         ctx.state[_RESERVED] = (tokens, at_ms)
         detail = f"tokens={tokens},{_counts(self.tokens, got)}"
         if capped is None:

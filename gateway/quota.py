@@ -146,21 +146,24 @@ return out
 """
 )
 
-# KEYS: one hash per token limit. ARGV[1]: tokens to reserve; then (window ms, slice ms, limit)
-# per key. If every window is under its limit, the tokens are counted in all of them now and
-# the reply is {0, now ms, used before, ...}; else {i, ms until the i-th is under its tokens}.
+# KEYS: one hash per token limit. ARGV[1]: tokens to reserve (no more than any limit); then
+# (window ms, slice ms, limit) per key. If they fit in every window (what it holds, used and
+# reserved, plus them, is within its limit), they are counted in all of them now and the reply
+# is {0, now ms, held before, ...}; else {i, ms until they would fit in the i-th}.
 _RESERVE_TOKENS = (
     _TOKENS_USED
     + """
 local out = {0, now}
+local n = tonumber(ARGV[1])
 for i, key in ipairs(KEYS) do
-  local sum, wait = used(key, tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1]), now)
+  -- under limit - n + 1 is within the limit once n more are counted
+  local fit = tonumber(ARGV[3 * i + 1]) - n + 1
+  local sum, wait = used(key, tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i]), fit, now)
   if wait > 0 then
     return {i, wait}
   end
   out[i + 2] = sum
 end
-local n = tonumber(ARGV[1])
 for i, key in ipairs(KEYS) do
   local window = tonumber(ARGV[3 * i - 1])
   local slice = tonumber(ARGV[3 * i])
@@ -267,9 +270,12 @@ class QuotaStore:
         return _admission(await self._check_tokens(keys=[w.key for w in windows], args=args))
 
     async def reserve_tokens(self, windows: list[Window], tokens: int) -> tuple[Admission, int]:
-        """If every token window is under its limit, count `tokens` in all of them now, ahead of
-        use; the admission (with the tokens each window held before) and when (Redis ms; 0 if
-        refused), which `add_tokens` needs to take the reservation back."""
+        """If `tokens` fit in every token window (within its limit with what it holds), count
+        them in all of them now, ahead of use; the admission (with the tokens each window held
+        before) and when (Redis ms; 0 if refused), which `add_tokens` needs to take the
+        reservation back. `tokens` must be no more than any window's limit."""
+        if any(tokens > w.limit for w in windows):
+            raise ValueError(f"{tokens} tokens can never fit in a window of fewer")
         args: list[Any] = [tokens]
         for w in windows:
             args += [w.window_ms, w.slice_ms, w.limit]

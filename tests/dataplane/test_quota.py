@@ -165,12 +165,13 @@ def test_the_openai_sdk_waits_out_retry_after_and_gets_through(tmp_path: Path, u
 def test_a_tenant_token_quota_counts_usage_and_estimates_streams_without_it(
     tmp_path: Path, up: ScriptedUpstream
 ) -> None:
-    # Each whole answer reports 20 tokens; globex may use 50 per minute, across its users.
-    limits = "      - {name: tenant-tokens, per: tenant, tokens: 50, window_s: 60}"
+    # Each whole answer reports 20 tokens; globex may use 50 per minute, across its users. With no
+    # max_tokens each request reserves 2 ("hello", estimated) + reserve_tokens 8 while in flight.
+    limits = "      - {name: tenant-tokens, per: tenant, tokens: 50, window_s: 60}\n    reserve_tokens: 8"
     with _gateway(tmp_path, up.port, limits) as env:
         up.requests.clear()
         globex = _client(env, OTHER_TENANT_KEY)
-        assert [_ask(globex) for _ in range(2)] == ["ok", "ok"]  # 0, then 20 used: under 50
+        assert [_ask(globex) for _ in range(2)] == ["ok", "ok"]  # 0, then 20 used: 10 more fit
         # a stream without usage: its tokens are estimated from the prompt and the answer text
         up.handler = lambda _r: streamed(
             [
@@ -187,7 +188,7 @@ def test_a_tenant_token_quota_counts_usage_and_estimates_streams_without_it(
         finally:
             up.handler = lambda _r: _answer(20)
         with pytest.raises(openai.RateLimitError) as info:
-            _ask(globex)  # 20 + 20 + 12 = 52 used: over 50
+            _ask(globex)  # 40 + 10 fitted the stream; 20 + 20 + 12 = 52 used: over 50
         resp = info.value.response
         assert resp.json()["error"]["code"] == "token_quota_exceeded", resp.text
         assert resp.headers["x-ratelimit-limit-tokens"] == "50"
@@ -237,30 +238,30 @@ def test_requests_in_flight_reserve_their_tokens_so_a_burst_cannot_spend_one_win
             for t in burst:
                 t.start()
             deadline = time.monotonic() + 10
-            while len(got) < 2 or len(up.requests) < 3:
+            while len(got) < 3 or len(up.requests) < 2:
                 assert time.monotonic() < deadline, (len(got), len(up.requests))
                 time.sleep(0.02)
-            # 0, 22 and 44 tokens were under 50 when each came: three forwarded and held; the
-            # other two found the window full of reservations and were refused, told to retry soon.
+            # 22 more fitted in 50 with 0 and 22 held: two forwarded and held; the other three
+            # found no room among the reservations and were refused, told to retry soon.
             time.sleep(0.3)
-            assert len(up.requests) == 3 and len(got) == 2
+            assert len(up.requests) == 2 and len(got) == 3
             for r in got:
                 assert r.status_code == 429 and r.json()["error"]["code"] == "token_quota_exceeded", r.text
                 assert r.headers["retry-after"] == "1"
-                assert "reserved by requests in flight" in r.json()["error"]["message"]
-            assert reserved() == 66
+                assert "has no room for this request's 22 tokens" in r.json()["error"]["message"]
+            assert reserved() == 44
         finally:
             gate.set()
             up.handler = lambda _r: _answer(20)
         for t in burst:
             t.join(10)
-        assert sorted(r.status_code for r in got) == [200, 200, 200, 429, 429]
-        # Each answer's 20 tokens replaced its reservation: 60 used, nothing reserved, and the
-        # next request waits for the window to slide, not for a request in flight.
+        assert sorted(r.status_code for r in got) == [200, 200, 429, 429, 429]
+        # Each answer's 20 tokens replaced its reservation: 40 used, nothing reserved, and the
+        # next request (22 more) waits for the window to slide, not for a request in flight.
         assert reserved() == 0
         r = chat()
         assert r.status_code == 429 and int(r.headers["retry-after"]) > 50, r.text
-        assert len(up.requests) == 3
+        assert len(up.requests) == 2
         details = sorted(
             v["detail"]
             for rec in env.audit()
@@ -268,13 +269,13 @@ def test_requests_in_flight_reserve_their_tokens_so_a_burst_cannot_spend_one_win
             if v["filter"] == "quota" and v["phase"] in ("reserve", "tokens")
         )
         assert details == [
-            "tokens=20,source=usage", "tokens=20,source=usage", "tokens=20,source=usage",
-            "tokens=22,tpm=0/50", "tokens=22,tpm=22/50", "tokens=22,tpm=44/50",
+            "tokens=20,source=usage", "tokens=20,source=usage",
+            "tokens=22,tpm=0/50", "tokens=22,tpm=22/50",
         ]  # fmt: skip
 
 
 def test_a_request_refused_after_its_reservation_gives_it_back(tmp_path: Path, up: ScriptedUpstream) -> None:
-    limits = "      - {name: tpm, per: user, tokens: 30, window_s: 60}"
+    limits = "      - {name: tpm, per: user, tokens: 30, window_s: 60}\n    reserve_tokens: 8"
     with _gateway(tmp_path, up.port, limits) as env:
         up.requests.clear()
 
@@ -286,7 +287,7 @@ def test_a_request_refused_after_its_reservation_gives_it_back(tmp_path: Path, u
                 timeout=10,
             )
 
-        # No max_tokens: 2 + the policy's reserve_tokens (1024) held while in flight. A model the
+        # No max_tokens: 2 + the policy's reserve_tokens (8) held while in flight. A model the
         # registry does not know is refused by `route`, after quota reserved: nothing was used.
         for _ in range(3):
             r = chat("no-such-model")
@@ -335,6 +336,28 @@ def test_an_answer_without_a_cap_is_capped_at_its_reservation_and_a_cap_that_is_
         assert reserved == ["tokens=14,tpm=20/100000", "tokens=258,tpm=0/100000,capped=256"], reserved
         shown = _shown(env)
         assert [(c["used"], c["reserved"]) for c in shown if c["kind"] == "tokens"] == [(40, 0)], shown
+
+
+def test_a_request_whose_reservation_does_not_fit_is_refused_even_in_an_empty_window(
+    tmp_path: Path, up: ScriptedUpstream
+) -> None:
+    limits = "      - {name: tpm, per: user, tokens: 2000, window_s: 60}"
+    with _gateway(tmp_path, up.port, limits) as env:
+        up.requests.clear()
+        client = _client(env)
+        messages: Any = [{"role": "user", "content": "hello"}]
+        # one answer of up to 100,000 tokens could take a 2,000-token quota 50 times over
+        with pytest.raises(openai.RateLimitError) as info:
+            client.chat.completions.create(model="chat", messages=messages, max_tokens=100_000)
+        err = info.value.response.json()["error"]
+        assert err["code"] == "token_quota_exceeded" and "may use 100002 tokens" in err["message"], err
+        assert "retry-after" not in info.value.response.headers  # waiting would not help
+        assert info.value.response.headers["x-ratelimit-limit-tokens"] == "2000"
+        assert up.requests == []
+        assert [(c["used"], c["reserved"]) for c in _shown(env) if c["kind"] == "tokens"] in ([], [(0, 0)])
+        # the most that fits goes through
+        client.chat.completions.create(model="chat", messages=messages, max_tokens=1998)
+        assert len(up.requests) == 1
 
 
 def test_a_concurrency_limit_holds_requests_in_flight_and_gives_leases_back_when_they_end(
@@ -454,6 +477,7 @@ overrides:
       limits:
         - {name: per-user, requests: 100, window_s: 60}
         - {name: tpm, per: tenant, tokens: 30, window_s: 60}
+      reserve_tokens: 8
 """
     limits = "      - {name: per-user, requests: 100, window_s: 60}"
     text = POLICY.format(limits=limits, redis_mode="deny") + overrides

@@ -96,15 +96,18 @@ async def test_reservations_from_two_replicas_hold_their_place_until_replaced_by
     w = Window(a.key("acme", "user", "ann", "tpm", "tokens"), 100, 60)
     got = await asyncio.gather(*(s.reserve_tokens([w], 30) for _ in range(5) for s in (a, b)))
     taken = [(g, at) for g, at in got if g.refused_by is None]
-    # admitted while under 100: at 0, 30, 60 and 90 held; the rest found reservations filling it
-    assert sorted(g.counts[0] for g, _ in taken) == [0, 30, 60, 90]
+    # admitted while 30 more fit in 100: at 0, 30 and 60 held; the rest found reservations filling it
+    assert sorted(g.counts[0] for g, _ in taken) == [0, 30, 60]
     assert all(g.refused_by == 0 and g.retry_after_ms == 1000 and at == 0 for g, at in got if g.refused_by)
-    assert (await a.check_tokens([w])).refused_by == 0
-    # one used 5 of its 30: 90 held + 5 used, room again in every replica's view
+    assert (await a.check_tokens([w])).counts == (90,)  # under the limit, yet 30 more do not fit
+    assert (await a.reserve_tokens([w], 11))[0].refused_by == 0
+    # one used 5 of its 30: 60 held + 5 used, room for 35 again in every replica's view
     await b.add_tokens([w], 5, 30, taken[0][1])
-    assert (await a.check_tokens([w])).counts == (95,)
+    assert (await a.check_tokens([w])).counts == (65,)
     ((shown,),) = [[c for c in await a.counters("acme") if c["kind"] == "tokens"]]
-    assert (shown["used"], shown["reserved"]) == (5, 90)
+    assert (shown["used"], shown["reserved"]) == (5, 60)
+    with pytest.raises(ValueError, match="can never fit"):
+        await a.reserve_tokens([w], 101)
     # the others were never forwarded: they give theirs back and count nothing
     for _, at in taken[1:]:
         await a.add_tokens([w], 0, 30, at)
@@ -175,6 +178,7 @@ async def test_in_monitor_mode_a_request_over_its_token_limit_still_counts_in_it
             {"name": "tpm", "tokens": 10, "window_s": 60},
         ],
         "mode": "monitor",
+        "reserve_tokens": 4,
     }
     quota = TokenQuota(a, QuotaParams.model_validate(params))
     who = Principal("k1", "ann", "acme")
@@ -202,7 +206,22 @@ async def test_in_monitor_mode_a_request_over_its_token_limit_still_counts_in_it
     assert [(v.phase, v.action, v.detail) for v in fresh.verdicts][-1] == (
         "reserve",
         "count",
-        "tokens=1026,tpm=0/10",
+        "tokens=6,tpm=0/10",
+    )
+    # one that could never fit is marked, and goes through unreserved
+    big = RequestContext(
+        "r3", "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
+    )
+    big.principal = Principal("k3", "cy", "acme")
+    big.prompt = Prompt(
+        Protocol.OPENAI, "chat", "m", segments=(Segment("user", "hello"),), document={"max_tokens": 9}
+    )
+    assert await quota.on_request_headers(big) is CONTINUE
+    assert await quota.on_request_body(big, b"") is CONTINUE
+    assert [(v.phase, v.action, v.detail) for v in big.verdicts][-1] == (
+        "admit",
+        "monitor:deny",
+        "limit=tpm,needs=11",
     )
 
 

@@ -6,6 +6,7 @@ Triton's KServe answers carry no usage: their tokens are estimated from the text
 tokens are used up the next call is refused (429 with retry-after) before any model server runs it.
 A call that sets no `max_tokens` is capped at what it reserved: the tiny model, which otherwise
 writes until its slot's context is full (475 answer tokens with `cap_answers: false`), stops there.
+A call's reservation must fit in what the window has left, or it is refused.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ chain:
   - filter: quota
     limits:
       - {name: tenant-tokens, per: tenant, tokens: 200, window_s: 3600}
+    reserve_tokens: 16
   - filter: route
   - filter: audit
 default_action: allow
@@ -52,8 +54,8 @@ def quota_env(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def capping_env(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayEnv]:
-    policy = POLICY.replace(
-        "tokens: 200, window_s: 3600}", "tokens: 5000, window_s: 3600}\n    reserve_tokens: 6"
+    policy = POLICY.replace("tokens: 200,", "tokens: 5000,").replace(
+        "reserve_tokens: 16", "reserve_tokens: 6"
     )
     yield from _own_gateway(real, Path(tmp_path_factory.mktemp("quota-cap-e2e")), policy)
 
@@ -99,20 +101,27 @@ def test_real_answers_are_counted_until_the_tenant_quota_refuses(
         (5, "estimate"),
     ]
     used = whole.usage.total_tokens + streamed_usage[0].total_tokens + 5
-    # use up the rest of the 200 with whole answers, then the next call is refused unrun
+    # use up the rest of the 200 with whole answers, until a call's reservation (its prompt,
+    # estimated: 3, and max_tokens 8) no longer fits; then the next calls are refused unrun
     calls = 0
-    while used < 200:
-        r = oa.chat.completions.create(
-            model="tiny-llama", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
-        )
+    while True:
+        try:
+            r = oa.chat.completions.create(
+                model="tiny-llama", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
+            )
+        except openai.RateLimitError as exc:
+            last = exc.message
+            break
         assert r.usage is not None
         used += r.usage.total_tokens
         calls += 1
         assert calls < 50, used
+    # refused as the window filled, by used tokens or by the reservation that no longer fits
+    assert "token quota 'tenant-tokens'" in last and used > 200 - 11, (last, used)
     before = _executions(real, "echo")
     with pytest.raises(InferenceServerException) as refused:
         tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"})
-    assert refused.value.status() == "429" and "token quota 'tenant-tokens' used up" in str(refused.value)
+    assert refused.value.status() == "429" and "token quota 'tenant-tokens'" in str(refused.value)
     assert _executions(real, "echo") == before  # Triton never ran it
     with pytest.raises(openai.RateLimitError) as info:
         oa.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}])
