@@ -6,8 +6,9 @@ the injection model nor a PII pattern recognizes, while the text looks the same 
 dropped. Variation selectors carry no text, only bytes smuggled past a reader: dropped; a run of
 four or more of them whose bytes are UTF-8 text ("emoji smuggling": VS1–VS16 are bytes 0–15,
 VS17–VS256 bytes 16–255, hung on one emoji) is read by the injection model as that text
-(`unhide`), as an encoded run is, and by PII redaction (`hidden_texts`). Tag characters spell ASCII invisibly ("ASCII smuggling") and a
-model may still read them: folded to the letters they spell. Only what the checks read; the text
+(`unhide`), as an encoded run is, and by PII redaction (`hidden_texts`). Tag characters spell
+ASCII invisibly ("ASCII smuggling") and a model may still read them: folded to the letters they
+spell. Only what the checks read; the text
 that travels is left as it was.
 """
 

@@ -328,11 +328,13 @@ class PiiEngine:
         """Runs of base64, base32, hex or escapes whose text holds PII, each found whole as its best entity."""
         out: list[RecognizerResult] = []
         for start, end, plain in encoded.runs(norm):
-            inner = self.analyze(plain, encoded_runs=False)
-            if inner:
-                best = max(inner, key=lambda s: s.score)
+            if (best := self._best(plain, encoded_runs=False)) is not None:
                 out.append(RecognizerResult(best.entity, start, end, best.score))
         return out
+
+    def _best(self, plain: str, *, encoded_runs: bool = True) -> Span | None:
+        """The strongest finding in a run's decoded text, which stands for the whole run."""
+        return max(self.analyze(plain, encoded_runs=encoded_runs), key=lambda s: s.score, default=None)
 
     def _smuggled(self, text: str) -> list[Span]:
         """Runs of variation selectors whose bytes are text that holds PII ("emoji smuggling"),
@@ -340,9 +342,7 @@ class PiiEngine:
         normalized text)."""
         out: list[Span] = []
         for start, end, plain in hidden_texts(text):
-            inner = self.analyze(plain)
-            if inner:
-                best = max(inner, key=lambda s: s.score)
+            if (best := self._best(plain)) is not None:
                 out.append(Span(start, end, best.entity, best.score))
         return out
 

@@ -21,6 +21,13 @@ pytestmark = pytest.mark.dataplane
 REDIS = "redis://127.0.0.1:6379/0"
 
 
+def _ctx(request_id: str) -> RequestContext:
+    """A chat request's context, before any filter ran."""
+    return RequestContext(
+        request_id, "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
+    )
+
+
 @pytest_asyncio.fixture
 async def stores() -> AsyncIterator[tuple[QuotaStore, QuotaStore]]:
     """Two stores on their own pools, as two replicas have, under a prefix of this test's own."""
@@ -154,9 +161,7 @@ async def test_monitor_mode_lets_a_request_over_the_limit_through_marked(
     )
 
     def ctx() -> RequestContext:
-        c = RequestContext(
-            "r", "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
-        )
+        c = _ctx("r")
         c.principal = Principal("k1", "ann", "acme")
         return c
 
@@ -183,9 +188,7 @@ async def test_in_monitor_mode_a_request_over_its_token_limit_still_counts_in_it
     quota = TokenQuota(a, QuotaParams.model_validate(params))
     who = Principal("k1", "ann", "acme")
     await a.add_tokens(quota.windows(who, quota.tokens), 50)  # the token limit is used up
-    c = RequestContext(
-        "r", "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
-    )
+    c = _ctx("r")
     c.principal = who
     assert await quota.on_request_headers(c) is CONTINUE
     assert [(v.action, v.detail.split(",")[0]) for v in c.verdicts] == [
@@ -197,9 +200,7 @@ async def test_in_monitor_mode_a_request_over_its_token_limit_still_counts_in_it
     assert await quota.on_request_body(c, b"") is CONTINUE
     assert len(c.verdicts) == 2
     # under the limit in monitor mode, a request reserves as it would when enforced
-    fresh = RequestContext(
-        "r2", "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
-    )
+    fresh = _ctx("r2")
     fresh.principal, fresh.prompt = Principal("k2", "bo", "acme"), c.prompt
     assert await quota.on_request_headers(fresh) is CONTINUE
     assert await quota.on_request_body(fresh, b"") is CONTINUE
@@ -209,9 +210,7 @@ async def test_in_monitor_mode_a_request_over_its_token_limit_still_counts_in_it
         "tokens=6,tpm=0/10",
     )
     # one that could never fit is marked, and goes through unreserved
-    big = RequestContext(
-        "r3", "POST", "/v1/chat/completions", {}, Registry.from_yaml("upstreams: {}\nmodels: {}\n")
-    )
+    big = _ctx("r3")
     big.principal = Principal("k3", "cy", "acme")
     big.prompt = Prompt(
         Protocol.OPENAI, "chat", "m", segments=(Segment("user", "hello"),), document={"max_tokens": 9}
