@@ -209,6 +209,9 @@ def parse_request(op: str, body: bytes) -> Prompt:
     so = doc.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise bad("'stream_options' must be an object")
+    if isinstance(so, dict) and not isinstance(so.get("include_usage", False), bool | None):
+        # a server may read 1 or "yes" as true; the gateway must know whether the client asked
+        raise bad("'stream_options.include_usage' must be a boolean")
     for name in _UNCHECKABLE:
         if name in doc:
             raise bad(f"'{name}' is not accepted by the gateway", ErrorCode.UNSUPPORTED_CONTENT)
@@ -283,6 +286,11 @@ def answer_from_json(op: str, body: bytes, answer: Answer) -> None:
     answer.document = strict_json(body, "upstream answer")
     take_document(op, answer.document, "message", answer)
     answer.done = True
+
+
+def usage_only(doc: Any) -> bool:
+    """A stream's usage chunk (`stream_options.include_usage`): no choices, only the usage."""
+    return isinstance(doc, dict) and doc.get("choices") == [] and isinstance(doc.get("usage"), dict)
 
 
 def answer_from_sse(op: str, parser: SSEParser, chunk: bytes, end: bool, answer: Answer) -> None:

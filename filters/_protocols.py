@@ -36,6 +36,9 @@ class Prompt:
     binary_tail: bytes = b""
     # The prompt text as the client sent it, kept by a filter that rewrites `segments` (pii).
     received_text: str | None = None
+    # An OpenAI stream whose usage chunk the gateway asked for (quota), not the client: the
+    # protocol filter takes that chunk out before the answer leaves.
+    usage_hidden: bool = False
 
     @property
     def text(self) -> str:
@@ -81,6 +84,12 @@ class StreamEvent:
 
     event: str | None
     doc: Any
+
+
+def sse_bytes(ev: StreamEvent) -> bytes:
+    """One event as the gateway writes it into a stream it rewrites (`[DONE]` for no document)."""
+    head = f"event: {ev.event}\n".encode() if ev.event else b""
+    return head + b"data: " + (b"[DONE]" if ev.doc is None else compact_json(ev.doc)) + b"\n\n"
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from classifiers.pii.engine import CustomPattern, PiiEngine, Replacement, Replac
 from classifiers.pii.recognizers import BUILTIN_ENTITIES, MAX_ENTITY_CHARS, PERSON
 from classifiers.pii.stream import StreamRedactor
 from filters import _kserve, _openai
-from filters._protocols import Answer, Prompt, Slot, StreamEvent, compact_json
+from filters._protocols import Answer, Prompt, Slot, StreamEvent, compact_json, sse_bytes
 from filters.base import CONTINUE, BaseFilter, Continue, Decision, Deny, Phase, RequestContext, Verdict
 from filters.chain import BuildEnv, register
 from gateway.errors import ErrorCode
@@ -130,11 +130,6 @@ class _State:
     stream: StreamRedactor | None = None
     last_doc: Any = None
     found: Counter[tuple[str, str]] = field(default_factory=Counter)
-
-
-def _sse(ev: StreamEvent, doc: Any) -> bytes:
-    head = f"event: {ev.event}\n".encode() if ev.event else b""
-    return head + b"data: " + (b"[DONE]" if doc is None else compact_json(doc)) + b"\n\n"
 
 
 def _rewrite(
@@ -322,9 +317,10 @@ class PiiRedactor(BaseFilter):
         openai = proto is Protocol.OPENAI
         for ev in events:
             doc = ev.doc
-            if doc is None:  # [DONE]: whatever is still held goes out first
+            if doc is None or (openai and _openai.usage_only(doc)):
+                # [DONE], or the usage chunk that ends an answer: whatever is still held goes first
                 out += self._flush_all(red, proto, op, st.last_doc, seen)
-                out.append(_sse(ev, None))
+                out.append(sse_bytes(ev))
                 continue
             slots: list[Slot] = (
                 _openai.answer_slots(op, doc, "delta") if openai else _kserve.generate_slots(doc)
@@ -340,7 +336,7 @@ class PiiRedactor(BaseFilter):
             st.last_doc = doc
             if seen is not None:
                 _openai.take_document(op, doc, "delta", seen)
-            out.append(_sse(ev, doc))
+            out.append(sse_bytes(ev))
         if end:
             out += self._flush_all(red, proto, op, st.last_doc, seen)
         return b"".join(out)
@@ -367,7 +363,7 @@ class PiiRedactor(BaseFilter):
                     doc.setdefault(str(key[0]), []).append(text)
                 else:
                     doc[str(key)] = text
-        return [_sse(StreamEvent(None, doc), doc)]
+        return [sse_bytes(StreamEvent(None, doc))]
 
     async def on_settle(self, ctx: RequestContext) -> Decision:
         st = ctx.state.get(self.name)

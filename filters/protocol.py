@@ -15,7 +15,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from filters import _kserve, _openai
-from filters._protocols import Answer, Prompt, ProtocolError
+from filters._protocols import Answer, Prompt, ProtocolError, sse_bytes
 from filters._sse import SSEError, SSEParser
 from filters.base import CONTINUE, BaseFilter, Continue, Decision, Deny, Phase, RequestContext
 from filters.chain import BuildEnv, register
@@ -196,10 +196,13 @@ class ProtocolParser(BaseFilter):
             )
         ctype = ctx.response_headers.get("content-type", "")
         ctx.answer = Answer()
-        headers = _dropped(ctx.response_headers, _ANSWERED, self._extra_answer)
         if ctype.startswith("text/event-stream"):
             st.sse = SSEParser()
-            return headers
+            if ctx.prompt is not None and ctx.prompt.usage_hidden:
+                # its usage chunk is taken out, so the body's length changes: it travels chunked
+                return _dropped(ctx.response_headers, _ANSWERED - {"content-length"}, self._extra_answer)
+            return _dropped(ctx.response_headers, _ANSWERED, self._extra_answer)
+        headers = _dropped(ctx.response_headers, _ANSWERED, self._extra_answer)
         length = ctx.response_headers.get("content-length", "0")
         if not length.isdigit() or int(length) > self._max_answer:
             # Refused before a byte of it is read: it would not fit the buffer it is checked in.
@@ -218,6 +221,8 @@ class ProtocolParser(BaseFilter):
             if st.sse is not None:
                 if st.protocol is Protocol.OPENAI:
                     _openai.answer_from_sse(st.op, st.sse, chunk, end, ctx.answer)
+                    if ctx.prompt is not None and ctx.prompt.usage_hidden:
+                        return self._without_usage(ctx.answer)
                 else:
                     _kserve.answer_from_sse(st.sse, chunk, end, ctx.answer)
             elif st.buffered is not None:
@@ -235,6 +240,14 @@ class ProtocolParser(BaseFilter):
                 502, ErrorCode.UPSTREAM_BAD_RESPONSE, "the upstream sent an answer the gateway cannot read"
             )
         return CONTINUE
+
+    @staticmethod
+    def _without_usage(answer: Answer) -> Decision:
+        # The usage was read into the answer (quota counts it); the client, who did not ask for
+        # the chunk, gets the stream without it. Whole events only, so none is split or lost.
+        events = [ev for ev in answer.chunk_events if not _openai.usage_only(ev.doc)]
+        answer.chunk_events = events
+        return Continue(body=b"".join(sse_bytes(ev) for ev in events))
 
 
 class ProtocolParams(BaseModel):

@@ -13,10 +13,11 @@ if it fits in what the window has left, so the requests in flight hold their pla
 cannot all pass on one window's room, and no request asks its way past the limit. A request
 that sets no cap is forwarded with `max_tokens: reserve_tokens` (`cap_answers`), so it uses no more
 than it reserved; a cap field that is no whole number is refused with 400. When it
-ends, its tokens replace the reservation: the answer's `usage.total_tokens` (OpenAI answers, and
-streams with `stream_options.include_usage`), else an estimate of its prompt and answer text
-(UTF-8 bytes / 4, rounded up; a KServe answer, a stream without usage); a request never
-forwarded gives its reservation back. A chain with a token limit therefore reads answers (4
+ends, its tokens replace the reservation: the answer's `usage.total_tokens` (OpenAI answers and
+streams: a stream that does not ask for its usage chunk is forwarded asking for it, and the
+chunk is taken out before the client gets the stream, `stream_usage`), else an estimate of its
+prompt and answer text (UTF-8 bytes / 4, rounded up; a KServe answer, a server that sends no
+usage); a request never forwarded gives its reservation back. A chain with a token limit therefore reads answers (4
 phases); one with request limits only reads request headers.
 
 Redis down or slow: `fail_mode.redis` decides, `deny` (503 quota_unavailable, the default) or
@@ -141,6 +142,13 @@ class QuotaParams(BaseModel):
         description="Token limits, enforce mode: a request that sets no answer cap is forwarded with "
         "max_tokens set to reserve_tokens (KServe generate: parameters.max_tokens), so it uses no "
         "more than it reserved. false: such a request may write past its reservation.",
+    )
+    stream_usage: bool = Field(
+        default=True,
+        description="Token limits, enforce mode: an OpenAI stream that does not ask for its usage "
+        "chunk is forwarded with stream_options.include_usage, and the chunk is taken out before the "
+        "stream reaches the client, so its tokens are the model server's count, not an estimate. "
+        "false: such a stream is counted by estimate (UTF-8 bytes / 4).",
     )
 
     @model_validator(mode="after")
@@ -345,11 +353,15 @@ class TokenQuota(Quota):
             return self._refuse(ctx, self.tokens[got.refused_by], got, needs=tokens)
         ctx.state[_RESERVED] = (tokens, at_ms)
         detail = f"tokens={tokens},{_counts(self.tokens, got)}"
-        if capped is None:
-            ctx.verdicts.append(Verdict(self.name, "reserve", "count", 0.0, detail))
-            return CONTINUE
-        ctx.verdicts.append(Verdict(self.name, "reserve", "count", 0.0, f"{detail},capped={capped}"))
-        return Continue(body=cap_answer(p, capped))
+        if capped is not None:
+            cap_answer(p, capped)
+            detail += f",capped={capped}"
+        asks = enforce and self.params.stream_usage and ask_usage(p)
+        if asks:
+            detail += ",usage=asked"
+        ctx.verdicts.append(Verdict(self.name, "reserve", "count", 0.0, detail))
+        # Later filters that rewrite the body (pii, route) start from the rewritten document.
+        return Continue(body=compact_json(p.document)) if capped is not None or asks else CONTINUE
 
     async def on_settle(self, ctx: RequestContext) -> Decision:
         who = ctx.principal
@@ -436,9 +448,9 @@ def cappable(p: Prompt) -> bool:
     return p.operation in (_kserve.GENERATE, _kserve.GENERATE_STREAM)
 
 
-def cap_answer(p: Prompt, cap: int) -> bytes:
-    """The request body with its answer capped at `cap` tokens (per choice): `max_tokens`, for a
-    KServe generate in `parameters`. Later filters that rewrite the body start from it."""
+def cap_answer(p: Prompt, cap: int) -> None:
+    """Cap the request's answer at `cap` tokens (per choice) in `p.document`: `max_tokens`, for a
+    KServe generate in `parameters`."""
     doc = dict(p.document)
     if p.protocol is Protocol.OPENAI:
         doc["max_tokens"] = cap
@@ -446,7 +458,19 @@ def cap_answer(p: Prompt, cap: int) -> bytes:
         params = doc.get("parameters")
         doc["parameters"] = {**(params if isinstance(params, dict) else {}), "max_tokens": cap}
     p.document = doc
-    return compact_json(doc)
+
+
+def ask_usage(p: Prompt) -> bool:
+    """If `p` is an OpenAI chat or completion stream that does not ask for its usage chunk, ask
+    for it in `p.document` and mark the chunk as one the client does not get; True if so."""
+    if not (p.protocol is Protocol.OPENAI and p.stream and cappable(p)):
+        return False
+    options = p.document.get("stream_options") or {}
+    if options.get("include_usage") is True:
+        return False  # the client asked: it gets the chunk, and the quota reads it
+    p.document = {**p.document, "stream_options": {**options, "include_usage": True}}
+    p.usage_hidden = True
+    return True
 
 
 def over_limit(v: Verdict) -> tuple[str, str] | None:

@@ -206,6 +206,76 @@ def test_a_tenant_token_quota_counts_usage_and_estimates_streams_without_it(
         assert _ask(_client(env, KEY)) == "ok"  # acme's quota is its own
 
 
+def _chunk(content: str | None, usage: int | None = None) -> bytes:
+    doc: dict[str, Any] = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "chat"}
+    if content is None:  # the usage chunk, as vLLM and llama.cpp send it
+        doc |= {
+            "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": usage, "total_tokens": 3 + (usage or 0)},
+        }
+    else:
+        doc["choices"] = [{"index": 0, "delta": {"content": content}, "finish_reason": None}]
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+def _usage_streamed(r: Any) -> Any:
+    """A stream that sends the usage chunk only when asked, split mid-event as a server may."""
+    asked = (json.loads(r.body).get("stream_options") or {}).get("include_usage") is True
+    body = _chunk("Call 13812345678 now") + (_chunk(None, 9) if asked else b"") + b"data: [DONE]\n\n"
+    cut = body.index(b'"usage"') if asked else len(body) // 2
+    return streamed([body[:cut], body[cut:]])
+
+
+@pytest.mark.parametrize("with_pii", [False, True], ids=["quota", "quota+pii"])
+def test_a_stream_is_counted_by_the_servers_usage_which_the_client_gets_only_if_it_asked(
+    tmp_path: Path, up: ScriptedUpstream, with_pii: bool
+) -> None:
+    policy = POLICY.format(
+        limits="      - {name: tpm, per: user, tokens: 10000, window_s: 60}\n    reserve_tokens: 64",
+        redis_mode="deny",
+    )
+    if with_pii:  # it rewrites the stream's events too: the usage chunk stays out
+        policy = policy.replace("  - filter: audit", "  - filter: pii\n    response: true\n  - filter: audit")
+    up.handler = _usage_streamed
+    try:
+        with running_policy(tmp_path, chat_registry(up.port), policy) as env:
+            up.requests.clear()
+            client = _client(env)
+            messages: Any = [{"role": "user", "content": "hi"}]
+            unasked = list(client.chat.completions.create(model="chat", messages=messages, stream=True))
+            asked = list(
+                client.chat.completions.create(
+                    model="chat", messages=messages, stream=True, stream_options={"include_usage": True}
+                )
+            )
+            raw = httpx.post(
+                f"{env.url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {KEY}"},
+                json={"model": "chat", "messages": messages, "stream": True},
+                timeout=10,
+            )
+            records = env.audit()
+    finally:
+        up.handler = lambda _r: _answer(20)
+    sent = [json.loads(r.body).get("stream_options") for r in up.requests]
+    assert sent == [{"include_usage": True}] * 3, sent
+    text = "".join(c.choices[0].delta.content or "" for c in unasked if c.choices)
+    assert text == ("Call <CN_MOBILE> now" if with_pii else "Call 13812345678 now")
+    # the client that did not ask gets no usage chunk; the one that asked gets its own
+    assert unasked and all(c.usage is None and c.choices for c in unasked), unasked
+    assert [c.usage.total_tokens for c in asked if c.usage] == [12] and not asked[-1].choices
+    assert (
+        raw.status_code == 200 and b'"usage"' not in raw.content and raw.content.endswith(b"data: [DONE]\n\n")
+    )
+    assert "content-length" not in raw.headers or int(raw.headers["content-length"]) == len(raw.content)
+    counted = [v["detail"] for r in records for v in r["decision"]["verdicts"] if v["phase"] == "tokens"]
+    assert counted == ["tokens=12,source=usage"] * 3, counted
+    reserved = sorted(
+        v["detail"] for r in records for v in r["decision"]["verdicts"] if v["phase"] == "reserve"
+    )
+    assert [d.endswith(",usage=asked") for d in reserved].count(True) == 2, reserved
+
+
 def test_requests_in_flight_reserve_their_tokens_so_a_burst_cannot_spend_one_windows_room(
     tmp_path: Path, up: ScriptedUpstream
 ) -> None:

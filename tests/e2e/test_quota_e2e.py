@@ -6,7 +6,8 @@ Triton's KServe answers carry no usage: their tokens are estimated from the text
 tokens are used up the next call is refused (429 with retry-after) before any model server runs it.
 A call that sets no `max_tokens` is capped at what it reserved: the tiny model, which otherwise
 writes until its slot's context is full (475 answer tokens with `cap_answers: false`), stops there.
-A call's reservation must fit in what the window has left, or it is refused.
+A call's reservation must fit in what the window has left, or it is refused. A stream that does
+not ask for its usage chunk is forwarded asking for it, counted by it, and gets no such chunk.
 """
 
 from __future__ import annotations
@@ -149,6 +150,18 @@ def test_a_call_without_max_tokens_stops_at_what_it_reserved(capping_env: Gatewa
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
         "length"
     ]
-    # counted as the server said, each well under the reservation's prompt estimate plus 6
+    # a stream that does not ask for its usage: the gateway asks, counts it, and keeps it back
+    unasked = list(
+        oa.chat.completions.create(
+            model="tiny-llama", messages=[{"role": "user", "content": "Tell a story."}], stream=True
+        )
+    )
+    assert unasked and all(c.usage is None and c.choices for c in unasked), unasked
+    # counted as the server said, each well under the reservation's prompt estimate plus 6; the
+    # unasked stream is the whole call's prompt and 6 answer tokens, as the server counts them
     counted = _counted(capping_env)
-    assert counted == [(whole.usage.total_tokens, "usage"), (usage[0].total_tokens, "usage")], counted
+    assert counted == [
+        (whole.usage.total_tokens, "usage"),
+        (usage[0].total_tokens, "usage"),
+        (whole.usage.total_tokens, "usage"),
+    ], counted

@@ -159,6 +159,8 @@ def test_strict_json_refuses(body: bytes, code: ErrorCode) -> None:
         _chat(model=None),
         _chat(stream=1),
         _chat(stream_options=[]),
+        _chat(stream=True, stream_options={"include_usage": 1}),
+        _chat(stream=True, stream_options={"include_usage": "yes"}),
         _chat(tools={}),
         _chat(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}]),
         _chat(messages=[{"role": "user", "content": [{"text": "no type"}]}]),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -15,6 +14,7 @@ from filters.quota import (
     Quota,
     TokenQuota,
     answer_cap,
+    ask_usage,
     cap_answer,
     cappable,
     reservation,
@@ -220,9 +220,55 @@ def test_an_uncapped_answer_is_capped_at_what_it_reserved(
 ) -> None:
     p = Prompt(protocol, operation, "m", segments=(Segment("user", "hi"),), document=doc)
     assert cappable(p)
-    body = cap_answer(p, 64)
-    assert json.loads(body) == sent and p.document == sent  # later rewrites start from it
+    cap_answer(p, 64)
+    assert p.document == sent and doc != sent  # a copy: later rewrites start from it
     assert answer_cap(p).cap == 64
+
+
+@pytest.mark.parametrize(
+    ("protocol", "operation", "doc", "sent"),
+    [
+        (  # a stream that does not ask: asked for it, its other options kept
+            Protocol.OPENAI,
+            "chat",
+            {"model": "m", "stream": True, "stream_options": {"continuous_usage_stats": False}},
+            {
+                "model": "m",
+                "stream": True,
+                "stream_options": {"continuous_usage_stats": False, "include_usage": True},
+            },
+        ),
+        (
+            Protocol.OPENAI,
+            "completion",
+            {"model": "m", "stream": True, "stream_options": {"include_usage": False}},
+            {"model": "m", "stream": True, "stream_options": {"include_usage": True}},
+        ),
+        (
+            Protocol.OPENAI,
+            "chat",
+            {"model": "m", "stream": True, "stream_options": None},
+            {"model": "m", "stream": True, "stream_options": {"include_usage": True}},
+        ),
+        # unchanged (None): the client asked, so the chunk is its own; a whole answer; KServe
+        (
+            Protocol.OPENAI,
+            "chat",
+            {"model": "m", "stream": True, "stream_options": {"include_usage": True}},
+            None,
+        ),
+        (Protocol.OPENAI, "chat", {"model": "m"}, None),
+        (Protocol.KSERVE_V2, "generate_stream", {"text_input": "hi"}, None),
+    ],
+)
+def test_a_stream_that_does_not_ask_for_its_usage_is_asked_for_it_and_the_chunk_hidden(
+    protocol: Protocol, operation: str, doc: dict[str, object], sent: dict[str, object] | None
+) -> None:
+    stream = doc.get("stream") is True or operation == "generate_stream"
+    p = Prompt(protocol, operation, "m", stream, (Segment("user", "hi"),), document=dict(doc))
+    assert ask_usage(p) is (sent is not None)
+    assert p.usage_hidden is (sent is not None)
+    assert p.document == (doc if sent is None else sent)
 
 
 def test_a_kserve_infer_request_has_no_cap_to_set() -> None:
