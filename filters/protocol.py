@@ -244,8 +244,13 @@ class ProtocolParser(BaseFilter):
     @staticmethod
     def _without_usage(answer: Answer) -> Decision:
         # The usage was read into the answer (quota counts it); the client, who did not ask for
-        # the chunk, gets the stream without it. Whole events only, so none is split or lost.
+        # it, gets the stream without the chunk, and without the `usage` that some servers put
+        # in every chunk once it is asked for (null, or running counts with vLLM's
+        # continuous_usage_stats). Whole events only, so none is split or lost.
         events = [ev for ev in answer.chunk_events if not _openai.usage_only(ev.doc)]
+        for ev in events:
+            if isinstance(ev.doc, dict):
+                ev.doc.pop("usage", None)
         answer.chunk_events = events
         return Continue(body=b"".join(sse_bytes(ev) for ev in events))
 

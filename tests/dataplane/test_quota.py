@@ -206,8 +206,10 @@ def test_a_tenant_token_quota_counts_usage_and_estimates_streams_without_it(
         assert _ask(_client(env, KEY)) == "ok"  # acme's quota is its own
 
 
-def _chunk(content: str | None, usage: int | None = None) -> bytes:
+def _chunk(content: str | None, usage: int | None = None, asked: bool = False) -> bytes:
     doc: dict[str, Any] = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "chat"}
+    if asked:
+        doc["usage"] = None  # as OpenAI writes every chunk of a stream that asked for usage
     if content is None:  # the usage chunk, as vLLM and llama.cpp send it
         doc |= {
             "choices": [],
@@ -221,8 +223,12 @@ def _chunk(content: str | None, usage: int | None = None) -> bytes:
 def _usage_streamed(r: Any) -> Any:
     """A stream that sends the usage chunk only when asked, split mid-event as a server may."""
     asked = (json.loads(r.body).get("stream_options") or {}).get("include_usage") is True
-    body = _chunk("Call 13812345678 now") + (_chunk(None, 9) if asked else b"") + b"data: [DONE]\n\n"
-    cut = body.index(b'"usage"') if asked else len(body) // 2
+    body = (
+        _chunk("Call 13812345678 now", asked=asked)
+        + (_chunk(None, 9) if asked else b"")
+        + b"data: [DONE]\n\n"
+    )
+    cut = body.rindex(b'"usage"') if asked else len(body) // 2  # inside the usage chunk
     return streamed([body[:cut], body[cut:]])
 
 
@@ -238,9 +244,8 @@ def test_a_stream_is_counted_by_the_servers_usage_which_the_client_gets_only_if_
         policy = policy.replace("  - filter: audit", "  - filter: pii\n    response: true\n  - filter: audit")
     up.handler = _usage_streamed
     try:
-        with running_policy(tmp_path, chat_registry(up.port), policy) as env:
+        with running_policy(tmp_path, chat_registry(up.port), policy) as env, _client(env) as client:
             up.requests.clear()
-            client = _client(env)
             messages: Any = [{"role": "user", "content": "hi"}]
             unasked = list(client.chat.completions.create(model="chat", messages=messages, stream=True))
             asked = list(
