@@ -91,6 +91,10 @@ _NEVER_FORWARDED = frozenset({"authorization", "proxy-authorization", "accept-en
 _TOKEN = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
 
 
+# A stream whose usage chunk is taken out changes length: it travels chunked.
+_ANSWERED_CHUNKED = _ANSWERED - {"content-length"}
+
+
 def _dropped(headers: dict[str, str], kept: frozenset[str], extra: frozenset[str]) -> Decision:
     """Remove every header but the kept ones, the policy's extra ones and Envoy's own."""
     gone = tuple(
@@ -198,10 +202,10 @@ class ProtocolParser(BaseFilter):
         ctx.answer = Answer()
         if ctype.startswith("text/event-stream"):
             st.sse = SSEParser()
-            if ctx.prompt is not None and ctx.prompt.usage_hidden:
-                # its usage chunk is taken out, so the body's length changes: it travels chunked
-                return _dropped(ctx.response_headers, _ANSWERED - {"content-length"}, self._extra_answer)
-            return _dropped(ctx.response_headers, _ANSWERED, self._extra_answer)
+            hidden = ctx.prompt is not None and ctx.prompt.usage_hidden
+            return _dropped(
+                ctx.response_headers, _ANSWERED_CHUNKED if hidden else _ANSWERED, self._extra_answer
+            )
         headers = _dropped(ctx.response_headers, _ANSWERED, self._extra_answer)
         length = ctx.response_headers.get("content-length", "0")
         if not length.isdigit() or int(length) > self._max_answer:
