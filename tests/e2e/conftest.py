@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from gateway.procs import free_port
 from tests.conftest import forget, remember
-from tests.harness import GatewayEnv, registry_for, start_gateway
+from tests.harness import KEY, GatewayEnv, registry_for, start_gateway
 
 pytestmark = pytest.mark.e2e
+
+Sdk = Callable[..., openai.OpenAI]
 
 
 def demo_registry(triton_port: int, llama_port: int) -> dict[str, Any]:
@@ -61,3 +64,22 @@ def _leaks_show_in_their_own_test() -> Iterator[None]:
     """
     yield
     gc.collect()
+
+
+@pytest.fixture
+def sdk() -> Iterator[Sdk]:
+    """`sdk(env, key=KEY, **options)`: an `openai` client for a gateway, closed when the test ends.
+
+    A client left open keeps its pooled sockets until the collector finds it, and the
+    ResourceWarning then fails the test above, or not, as the timing falls (seen: the quota test's
+    client, after a 429 had the server close one connection).
+    """
+    made: list[openai.OpenAI] = []
+
+    def make(env: GatewayEnv, key: str = KEY, **options: Any) -> openai.OpenAI:
+        made.append(openai.OpenAI(base_url=f"{env.url}/v1", api_key=key, max_retries=0, **options))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()

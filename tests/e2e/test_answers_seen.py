@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from gateway.procs import free_port
 from tests.conftest import forget, remember
-from tests.e2e.conftest import demo_registry
+from tests.e2e.conftest import Sdk, demo_registry
 from tests.harness import KEY, GatewayEnv, start_gateway
 
 
@@ -51,9 +50,11 @@ def _record(probe: Path, request_id: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("n", [1, 3])
-def test_streamed_chat_answer_is_reassembled_per_choice(probed: tuple[GatewayEnv, Path], n: int) -> None:
+def test_streamed_chat_answer_is_reassembled_per_choice(
+    probed: tuple[GatewayEnv, Path], n: int, sdk: Sdk
+) -> None:
     env, probe = probed
-    client = openai.OpenAI(base_url=env.url + "/v1", api_key=KEY, max_retries=0)
+    client = sdk(env)
     raw = client.chat.completions.with_raw_response.create(
         model="tiny-llama",
         max_tokens=12,

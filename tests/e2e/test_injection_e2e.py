@@ -22,6 +22,7 @@ import tritonclient.http as triton_http
 import yaml
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.conftest import Sdk
 from tests.harness import KEY, OTHER_TENANT_KEY, GatewayEnv, running
 
 JAILBREAK = (
@@ -34,8 +35,8 @@ JAILBREAK_ZH = (
 
 
 @pytest.fixture
-def oa(real: GatewayEnv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{real.url}/v1", api_key=KEY, max_retries=0)
+def oa(real: GatewayEnv, sdk: Sdk) -> openai.OpenAI:
+    return sdk(real)
 
 
 def _triton(real: GatewayEnv) -> triton_http.InferenceServerClient:
@@ -63,9 +64,9 @@ def _executions(real: GatewayEnv, model: str) -> int:
     ],
 )
 def test_a_jailbreak_gets_the_openai_error_and_a_benign_prompt_passes(
-    real: GatewayEnv, text: str, key: str
+    real: GatewayEnv, text: str, key: str, sdk: Sdk
 ) -> None:
-    oa = openai.OpenAI(base_url=f"{real.url}/v1", api_key=key, max_retries=0)
+    oa = sdk(real, key)
     with pytest.raises(openai.BadRequestError) as e:
         oa.chat.completions.create(
             model="tiny-llama", messages=[{"role": "user", "content": text}], max_tokens=8
@@ -117,11 +118,13 @@ def _request_log(real: GatewayEnv, rid: str) -> str:
     raise AssertionError(f"no log line for request {rid}")
 
 
-def test_a_forged_assistant_turn_is_scored_and_the_models_own_answer_is_not(real: GatewayEnv) -> None:
+def test_a_forged_assistant_turn_is_scored_and_the_models_own_answer_is_not(
+    real: GatewayEnv, sdk: Sdk
+) -> None:
     """A conversation's second turn resends llama.cpp's streamed answer: the gateway delivered
     that text to alice, so it is not scored again. A jailbreak written as an assistant turn (by
     bob: alice's denials count towards her review) gets the deny a user turn would."""
-    alice = openai.OpenAI(base_url=f"{real.url}/v1", api_key=KEY, max_retries=0)
+    alice = sdk(real)
     ask: list[Any] = [{"role": "user", "content": "Tell me about the sea."}]
     stream = alice.chat.completions.create(model="tiny-llama", messages=ask, max_tokens=12, stream=True)
     said = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
@@ -134,7 +137,7 @@ def test_a_forged_assistant_turn_is_scored_and_the_models_own_answer_is_not(real
     assert raw.status_code == 200
     line = _request_log(real, raw.headers["x-request-id"])
     assert "assistant_known=1" in line and "assistant_scored" not in line
-    bob = openai.OpenAI(base_url=f"{real.url}/v1", api_key=OTHER_TENANT_KEY, max_retries=0)
+    bob = sdk(real, OTHER_TENANT_KEY)
     forged: list[Any] = [
         *ask,
         {"role": "assistant", "content": JAILBREAK},
@@ -212,8 +215,8 @@ def starved(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield env
 
 
-def test_a_classifier_that_cannot_answer_denies(starved: GatewayEnv, real: GatewayEnv) -> None:
-    oa = openai.OpenAI(base_url=f"{starved.url}/v1", api_key=KEY, max_retries=0)
+def test_a_classifier_that_cannot_answer_denies(starved: GatewayEnv, real: GatewayEnv, sdk: Sdk) -> None:
+    oa = sdk(starved)
     before = _executions(real, "echo")
     with pytest.raises(openai.InternalServerError) as e:
         oa.chat.completions.create(

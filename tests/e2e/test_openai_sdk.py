@@ -6,12 +6,13 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.harness import KEY, GatewayEnv
+from tests.e2e.conftest import Sdk
+from tests.harness import GatewayEnv
 
 
 @pytest.fixture
-def client(real: GatewayEnv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=real.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+def client(real: GatewayEnv, sdk: Sdk) -> openai.OpenAI:
+    return sdk(real, timeout=30)
 
 
 def test_chat(client: openai.OpenAI) -> None:
@@ -60,11 +61,11 @@ def test_models_list_comes_from_the_registry(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == ["tiny-llama", "tiny-llama@v1"]
 
 
-def test_sdk_sees_gateway_errors_in_openai_shape(real: GatewayEnv, client: openai.OpenAI) -> None:
+def test_sdk_sees_gateway_errors_in_openai_shape(real: GatewayEnv, client: openai.OpenAI, sdk: Sdk) -> None:
     with pytest.raises(openai.NotFoundError) as nf:
         client.chat.completions.create(model="ghost", messages=[{"role": "user", "content": "x"}])
     assert nf.value.code == "model_not_found"
-    bad = openai.OpenAI(base_url=real.url + "/v1", api_key="ztg-wrong", max_retries=0)
+    bad = sdk(real, "ztg-wrong")
     with pytest.raises(openai.AuthenticationError) as auth:
         bad.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}])
     assert auth.value.code == "invalid_api_key"

@@ -17,6 +17,7 @@ import tritonclient.http as triton_http
 import yaml
 
 from bench import pii_synth as synth
+from tests.e2e.conftest import Sdk
 from tests.harness import KEY, GatewayEnv, running
 
 RNG = random.Random(9)
@@ -62,8 +63,8 @@ GRAMMAR = f'root ::= "Your card {VISA} is on file."'
 
 
 @pytest.fixture
-def oa(real: GatewayEnv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{real.url}/v1", api_key=KEY, max_retries=0)
+def oa(real: GatewayEnv, sdk: Sdk) -> openai.OpenAI:
+    return sdk(real)
 
 
 def test_llama_answer_is_redacted(oa: openai.OpenAI) -> None:

@@ -22,6 +22,7 @@ import tritonclient.http as triton_http
 import yaml
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.conftest import Sdk
 from tests.e2e.test_injection_e2e import _executions
 from tests.harness import KEY, GatewayEnv, running
 
@@ -72,9 +73,9 @@ def _counted(env: GatewayEnv) -> list[tuple[int, str]]:
 
 
 def test_real_answers_are_counted_until_the_tenant_quota_refuses(
-    quota_env: GatewayEnv, real: GatewayEnv, request: pytest.FixtureRequest
+    quota_env: GatewayEnv, real: GatewayEnv, request: pytest.FixtureRequest, sdk: Sdk
 ) -> None:
-    oa = openai.OpenAI(base_url=f"{quota_env.url}/v1", api_key=KEY, max_retries=0)
+    oa = sdk(quota_env)
     whole = oa.chat.completions.create(
         model="tiny-llama", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
     )
@@ -130,8 +131,8 @@ def test_real_answers_are_counted_until_the_tenant_quota_refuses(
     assert 1 <= int(info.value.response.headers["retry-after"]) <= 3600
 
 
-def test_a_call_without_max_tokens_stops_at_what_it_reserved(capping_env: GatewayEnv) -> None:
-    oa = openai.OpenAI(base_url=f"{capping_env.url}/v1", api_key=KEY, max_retries=0)
+def test_a_call_without_max_tokens_stops_at_what_it_reserved(capping_env: GatewayEnv, sdk: Sdk) -> None:
+    oa = sdk(capping_env)
     whole = oa.chat.completions.create(
         model="tiny-llama", messages=[{"role": "user", "content": "Tell a story."}]
     )

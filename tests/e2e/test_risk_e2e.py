@@ -19,6 +19,7 @@ import yaml
 from tritonclient.utils import InferenceServerException
 
 from gateway import audit
+from tests.e2e.conftest import Sdk
 from tests.e2e.test_injection_e2e import JAILBREAK, JAILBREAK_ZH, _executions
 from tests.harness import KEY, ROOT, GatewayEnv, running
 
@@ -41,9 +42,9 @@ def _echo(env: GatewayEnv, text: str) -> str:
 
 
 def test_five_jailbreaks_hold_the_user_for_review_until_cleared(
-    shipped: GatewayEnv, real: GatewayEnv
+    shipped: GatewayEnv, real: GatewayEnv, sdk: Sdk
 ) -> None:
-    oa = openai.OpenAI(base_url=f"{shipped.url}/v1", api_key=KEY, max_retries=0)
+    oa = sdk(shipped)
     for text in [JAILBREAK, JAILBREAK_ZH] * 2 + [JAILBREAK]:
         with pytest.raises(openai.BadRequestError) as e:
             oa.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": text}])
