@@ -12,6 +12,7 @@ not ask for its usage chunk is forwarded asking for it, counted by it, and gets 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,14 +63,20 @@ def capping_env(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> I
     yield from _own_gateway(real, Path(tmp_path_factory.mktemp("quota-cap-e2e")), policy)
 
 
-def _counted(env: GatewayEnv) -> list[tuple[int, str]]:
-    out = []
-    for r in sorted(env.audit(), key=lambda r: r["time"]):
-        for v in r["decision"]["verdicts"]:
-            if v["filter"] == "quota" and v["phase"] == "tokens":
-                fields = dict(p.split("=", 1) for p in v["detail"].split(","))
-                out.append((int(fields["tokens"]), fields["source"]))
-    return out
+def _counted(env: GatewayEnv, calls: int = 0) -> list[tuple[int, str]]:
+    """(tokens, source) counted per call, in order; waits up to 10 s for `calls` of them: a
+    stream's audit record is written after its last chunk reached the client."""
+    until = time.monotonic() + 10
+    while True:
+        out = []
+        for r in sorted(env.audit(), key=lambda r: r["time"]):
+            for v in r["decision"]["verdicts"]:
+                if v["filter"] == "quota" and v["phase"] == "tokens":
+                    fields = dict(p.split("=", 1) for p in v["detail"].split(","))
+                    out.append((int(fields["tokens"]), fields["source"]))
+        if len(out) >= calls or time.monotonic() > until:
+            return out
+        time.sleep(0.1)
 
 
 def test_real_answers_are_counted_until_the_tenant_quota_refuses(
@@ -97,7 +104,7 @@ def test_real_answers_are_counted_until_the_tenant_quota_refuses(
     request.addfinalizer(tc.close)
     tc.infer("echo", [inp], headers={"Authorization": f"Bearer {KEY}"})
     # "hello" in, "echo v2: hello" out: 19 bytes, 5 tokens estimated
-    assert _counted(quota_env) == [
+    assert _counted(quota_env, 3) == [
         (whole.usage.total_tokens, "usage"),
         (streamed_usage[0].total_tokens, "usage"),
         (5, "estimate"),
@@ -160,7 +167,7 @@ def test_a_call_without_max_tokens_stops_at_what_it_reserved(capping_env: Gatewa
     assert unasked and all(c.usage is None and c.choices for c in unasked), unasked
     # counted as the server said, each well under the reservation's prompt estimate plus 6; the
     # unasked stream is the whole call's prompt and 6 answer tokens, as the server counts them
-    counted = _counted(capping_env)
+    counted = _counted(capping_env, 3)
     assert counted == [
         (whole.usage.total_tokens, "usage"),
         (usage[0].total_tokens, "usage"),
