@@ -227,6 +227,15 @@ class GatewayEnv:
             out += [r for r in checked.kept if r["kind"] == kind]
         return out
 
+    def await_audit(self, records: int) -> list[dict[str, Any]]:
+        """The request audit records once there are `records` of them (up to 10 s): a stream's
+        record is written after its last chunk reached the client."""
+        until = time.monotonic() + 10
+        while len(found := self.audit()) < records:
+            assert time.monotonic() < until, f"{len(found)} audit records, not {records}"
+            time.sleep(0.1)
+        return found
+
     def metrics(self) -> str:
         """The metrics page, as /metrics renders it from every worker's counts."""
         from gateway import metrics

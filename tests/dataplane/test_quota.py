@@ -259,7 +259,7 @@ def test_a_stream_is_counted_by_the_servers_usage_which_the_client_gets_only_if_
                 json={"model": "chat", "messages": messages, "stream": True},
                 timeout=10,
             )
-            records = env.audit()
+            records = env.await_audit(3)
     finally:
         up.handler = lambda _r: _answer(20)
     sent = [json.loads(r.body).get("stream_options") for r in up.requests]
