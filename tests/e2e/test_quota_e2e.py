@@ -12,7 +12,6 @@ not ask for its usage chunk is forwarded asking for it, counted by it, and gets 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,20 +62,15 @@ def capping_env(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> I
     yield from _own_gateway(real, Path(tmp_path_factory.mktemp("quota-cap-e2e")), policy)
 
 
-def _counted(env: GatewayEnv, calls: int = 0) -> list[tuple[int, str]]:
-    """(tokens, source) counted per call, in order; waits up to 10 s for `calls` of them: a
-    stream's audit record is written after its last chunk reached the client."""
-    until = time.monotonic() + 10
-    while True:
-        out = []
-        for r in sorted(env.audit(), key=lambda r: r["time"]):
-            for v in r["decision"]["verdicts"]:
-                if v["filter"] == "quota" and v["phase"] == "tokens":
-                    fields = dict(p.split("=", 1) for p in v["detail"].split(","))
-                    out.append((int(fields["tokens"]), fields["source"]))
-        if len(out) >= calls or time.monotonic() > until:
-            return out
-        time.sleep(0.1)
+def _counted(env: GatewayEnv, calls: int) -> list[tuple[int, str]]:
+    """(tokens, source) counted per call, in order, once the `calls` calls so far have their records."""
+    out = []
+    for r in sorted(env.await_audit(calls), key=lambda r: r["time"]):
+        for v in r["decision"]["verdicts"]:
+            if v["filter"] == "quota" and v["phase"] == "tokens":
+                fields = dict(p.split("=", 1) for p in v["detail"].split(","))
+                out.append((int(fields["tokens"]), fields["source"]))
+    return out
 
 
 def test_real_answers_are_counted_until_the_tenant_quota_refuses(
