@@ -54,15 +54,38 @@ def _identifier(value: Any, where: str, rule: re.Pattern[str]) -> None:
         raise bad(f"{where} must be {_RULE_TEXT[rule]}")
 
 
-# JSON-schema keywords whose string values are schema, not text the model is asked to heed.
-_SCHEMA_WORDS = frozenset({"type", "format", "$schema", "$ref", "$id"})
+# JSON Schema's keywords (2020-12 and draft-07, with OpenAPI's `nullable`): a schema object's
+# other keys are text the model reads (a template renders the tool whole), so they are checked.
+_SCHEMA_KEYWORDS = frozenset(
+    {
+        "$schema", "$id", "$ref", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary",
+        "$comment", "$defs", "definitions", "type", "enum", "const", "multipleOf", "maximum",
+        "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern",
+        "maxItems", "minItems", "uniqueItems", "maxContains", "minContains", "maxProperties",
+        "minProperties", "required", "dependentRequired", "dependencies", "allOf", "anyOf",
+        "oneOf", "not", "if", "then", "else", "dependentSchemas", "prefixItems", "items",
+        "additionalItems", "contains", "properties", "patternProperties", "additionalProperties",
+        "propertyNames", "unevaluatedItems", "unevaluatedProperties", "format",
+        "contentEncoding", "contentMediaType", "contentSchema", "title", "description",
+        "default", "deprecated", "readOnly", "writeOnly", "examples", "nullable",
+    }
+)  # fmt: skip
+# `type` values that are JSON Schema's type names are schema, not text to heed; any other is read.
+_SCHEMA_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 # Keywords whose object's keys are names (of properties, definitions), not keywords.
 _NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions"})
 
 
+def _schema_types(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(isinstance(v, str) and v in _SCHEMA_TYPES for v in value)
+    return isinstance(value, str) and value in _SCHEMA_TYPES
+
+
 def _schema_text(node: Any, out: list[str], depth: int = 0) -> None:
     """Every string a model reads in a tool's JSON schema: descriptions, titles, enum values,
-    defaults, examples, patterns and property names (schema keywords' own values left out)."""
+    defaults, examples, patterns, formats, references, property names and keys that are not
+    JSON Schema keywords (only `type` values naming JSON Schema's types are left out)."""
     if depth > 64:
         raise bad("a tool's parameters are nested too deeply")
     if isinstance(node, str):
@@ -72,12 +95,74 @@ def _schema_text(node: Any, out: list[str], depth: int = 0) -> None:
             _schema_text(item, out, depth + 1)
     elif isinstance(node, dict):
         for key, value in node.items():
+            if key not in _SCHEMA_KEYWORDS:
+                out.append(key)
             if key in _NAMED and isinstance(value, dict):
                 out.extend(value)
                 for sub in value.values():
                     _schema_text(sub, out, depth + 1)
-            elif key not in _SCHEMA_WORDS:
+            elif key != "type" or not _schema_types(value):
                 _schema_text(value, out, depth + 1)
+
+
+# What a tool and its function may carry. Chat templates render a tool whole (Llama 3.1's and
+# Qwen 2.5's `tool | tojson`), so any other field with a value would reach the model unread.
+_TOOL_KEYS = frozenset({"type", "function"})
+_FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
+# The same for an earlier turn's tool calls (`index` as streamed answers carry it).
+_CALL_KEYS = frozenset({"id", "type", "function", "index"})
+_CALLED_KEYS = frozenset({"name", "arguments"})
+
+
+def _unread_fields(obj: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    for key, value in obj.items():
+        if key not in allowed and value not in (None, "", [], {}):
+            raise bad(f"{where}.{key} is not accepted by the gateway", ErrorCode.UNSUPPORTED_CONTENT)
+
+
+def _function_text(fn: Any, where: str) -> str:
+    """The text of one tool's function definition (`tools[j].function`, legacy `functions[j]`):
+    a name that is an identifier, its description and every string of its parameters' schema."""
+    if not isinstance(fn, dict):
+        raise bad(f"{where} must be an object")
+    _unread_fields(fn, _FUNCTION_KEYS, where)
+    _identifier(fn.get("name"), f"{where}.name", _NAME)
+    desc = fn.get("description") or ""
+    if not isinstance(desc, str):
+        raise bad(f"{where}.description must be a string")
+    if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+        raise bad(f"{where}.strict must be a boolean")
+    texts = [desc] if desc else []
+    _schema_text(fn.get("parameters"), texts)
+    return "\n".join(texts)
+
+
+def _tool_segments(doc: dict[str, Any]) -> list[Segment]:
+    """One `tool_spec` segment per tool definition with text (`tools`, and the legacy
+    `functions` that older servers still render)."""
+    defs: list[tuple[str, Any]] = []
+    tools = doc.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad("'tools' must be an array")
+        for j, tool in enumerate(tools):
+            if not isinstance(tool, dict):
+                raise bad(f"tools[{j}] must be an object")
+            _unread_fields(tool, _TOOL_KEYS, f"tools[{j}]")
+            if tool.get("type", "function") != "function":
+                raise bad(f"tools[{j}].type must be 'function'", ErrorCode.UNSUPPORTED_CONTENT)
+            defs.append((f"tools[{j}].function", tool.get("function")))
+    functions = doc.get("functions")
+    if functions is not None:
+        if not isinstance(functions, list):
+            raise bad("'functions' must be an array")
+        defs += [(f"functions[{j}]", fn) for j, fn in enumerate(functions)]
+    segments = []
+    for where, fn in defs:
+        text = _function_text(fn, where)
+        if text:
+            segments.append(Segment("tool_spec", check_text(text, "tool description")))
+    return segments
 
 
 def operation_for(method: str, path: str) -> str:
@@ -158,27 +243,16 @@ def _chat_segments(doc: dict[str, Any]) -> list[Segment]:
         for j, call in enumerate(calls or ()):
             if not isinstance(call, dict):
                 raise bad(f"messages[{i}].tool_calls[{j}] must be an object")
+            _unread_fields(call, _CALL_KEYS, f"messages[{i}].tool_calls[{j}]")
             _identifier(call.get("id"), f"messages[{i}].tool_calls[{j}].id", _CALL_ID)
             fns.append((f"messages[{i}].tool_calls[{j}].function", call.get("function")))
         for where, fn in fns:
             if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
                 raise bad(f"{where}.arguments must be a string")
+            _unread_fields(fn, _CALLED_KEYS, where)
             _identifier(fn.get("name"), f"{where}.name", _NAME)
             segments.append(Segment(role, check_text(fn["arguments"], "tool call arguments")))
-    tools = doc.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise bad("'tools' must be an array")
-        for j, tool in enumerate(tools):
-            fn = tool.get("function") if isinstance(tool, dict) else None
-            desc = fn.get("description", "") if isinstance(fn, dict) else None
-            if not isinstance(desc, str):
-                raise bad(f"tools[{j}].function.description must be a string")
-            texts = [desc] if desc else []
-            _schema_text(fn.get("parameters") if isinstance(fn, dict) else None, texts)
-            if texts:
-                segments.append(Segment("tool_spec", check_text("\n".join(texts), "tool description")))
-    return segments
+    return segments + _tool_segments(doc)
 
 
 def _completion_segments(doc: dict[str, Any]) -> list[Segment]:

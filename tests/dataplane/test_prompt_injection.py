@@ -68,6 +68,42 @@ def test_a_jailbreak_is_denied_and_never_reaches_the_upstream(tmp_path: Path) ->
         up.stop()
 
 
+def test_a_jailbreak_anywhere_in_a_tool_definition_is_denied(tmp_path: Path) -> None:
+    # Chat templates render a tool whole (`tool | tojson`): a made-up schema key, a `type` that is
+    # no JSON Schema type and a field OpenAI does not define all reach the model.
+    _policy(tmp_path, "    status: 400\n")
+    up = ScriptedUpstream("openai").start()
+    up.handler = lambda _r: chat_answer("sure")
+
+    def tool(params: dict[str, Any], **extra: Any) -> Any:
+        return {"type": "function", "function": {"name": "lookup", "parameters": params, **extra}}
+
+    try:
+        reg = chat_registry(up.port)
+        with running(tmp_path / "gw", reg, env={"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}) as env:
+            client = openai.OpenAI(base_url=f"{env.url}/v1", api_key=KEY, max_retries=0)
+            msgs: Any = [{"role": "user", "content": "please summarise the report"}]
+            hidden: list[tuple[dict[str, Any], str]] = [
+                ({"type": "object", "jailbreak now": True}, "prompt_rejected"),
+                ({"type": "object", "properties": {"q": {"type": "jailbreak"}}}, "prompt_rejected"),
+                ({"type": "object"}, "unsupported_content"),
+            ]
+            for params, code in hidden:
+                extra = {"examples": ["jailbreak"]} if code == "unsupported_content" else {}
+                with pytest.raises(openai.BadRequestError) as e:
+                    client.chat.completions.create(model="chat", messages=msgs, tools=[tool(params, **extra)])
+                assert isinstance(e.value.body, dict) and e.value.body["code"] == code, e.value.body
+            assert up.requests == []
+            params = {"type": "object", "properties": {"q": {"type": ["string", "null"], "format": "date"}}}
+            ok = client.chat.completions.create(
+                model="chat", messages=msgs, tools=[tool(params, strict=True)]
+            )
+            assert ok.choices[0].message.content == "sure" and len(up.requests) == 1
+            client.close()
+    finally:
+        up.stop()
+
+
 def test_a_jailbreak_in_a_kserve_request_parameter_is_denied(tmp_path: Path) -> None:
     manifest = build(tmp_path / "model")
     (tmp_path / "policy.yaml").write_text(
