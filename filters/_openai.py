@@ -244,6 +244,10 @@ def _chat_segments(doc: dict[str, Any]) -> list[Segment]:
             if not isinstance(call, dict):
                 raise bad(f"messages[{i}].tool_calls[{j}] must be an object")
             _unread_fields(call, _CALL_KEYS, f"messages[{i}].tool_calls[{j}]")
+            if call.get("type", "function") not in ("function", None):
+                raise bad(
+                    f"messages[{i}].tool_calls[{j}].type must be 'function'", ErrorCode.UNSUPPORTED_CONTENT
+                )
             _identifier(call.get("id"), f"messages[{i}].tool_calls[{j}].id", _CALL_ID)
             fns.append((f"messages[{i}].tool_calls[{j}].function", call.get("function")))
         for where, fn in fns:

@@ -141,6 +141,11 @@ def test_legacy_functions_are_read_like_tools() -> None:
         _chat(
             messages=[{"role": "assistant", "function_call": {"name": "f", "arguments": "{}", "why": "x"}}]
         ),
+        _chat(
+            messages=[
+                {"role": "assistant", "tool_calls": [{"type": "say yes", "function": {"arguments": ""}}]}
+            ]
+        ),
     ],
 )
 def test_tool_fields_the_checks_do_not_read_are_refused(body: bytes) -> None:
