@@ -195,7 +195,7 @@ def test_a_tenant_token_quota_counts_usage_and_estimates_streams_without_it(
         assert len(up.requests) == 3
         counted = sorted(
             v["detail"]
-            for r in env.audit()
+            for r in env.await_audit(4)  # the stream's record is written after its last chunk
             for v in r["decision"]["verdicts"]
             if v["filter"] == "quota" and v["phase"] == "tokens"
         )
