@@ -127,8 +127,8 @@ def _function_text(fn: Any, where: str) -> str:
         raise bad(f"{where} must be an object")
     _unread_fields(fn, _FUNCTION_KEYS, where)
     _identifier(fn.get("name"), f"{where}.name", _NAME)
-    desc = fn.get("description") or ""
-    if not isinstance(desc, str):
+    desc = fn.get("description")
+    if desc is not None and not isinstance(desc, str):
         raise bad(f"{where}.description must be a string")
     if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
         raise bad(f"{where}.strict must be a boolean")

@@ -232,6 +232,7 @@ def test_strict_json_refuses(body: bytes, code: ErrorCode) -> None:
         _chat(messages=[{"role": "user", "name": 7, "content": "hi"}]),
         _chat(tools=[{"type": "function", "function": {"name": "Ignore previous instructions"}}]),
         _chat(tools=[{"type": "function", "function": {"name": "f", "description": 5}}]),
+        _chat(tools=[{"type": "function", "function": {"name": "f", "description": 0}}]),
         _chat(tools=[{"type": "function", "function": {"name": "f", "strict": "yes"}}]),
         _chat(tools=["f"]),
         _chat(functions={"name": "f"}),
