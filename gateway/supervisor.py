@@ -92,7 +92,7 @@ class Gateway:
                 check = f"http://{up.host}:{up.port}/v2/health/ready"
                 timeout = 60.0
             else:
-                gguf_path = self.settings.state_dir / "models" / "tiny-llama.gguf"
+                gguf_path = tinyllama.model_path(self.settings.state_dir / "models")
                 tinyllama.ensure_model(gguf_path)
                 p = Proc(
                     name,

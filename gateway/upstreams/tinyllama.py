@@ -31,13 +31,17 @@ WORDS = (  # noqa: SIM905 - a word list reads better as text
     "cat book pen door wall floor chair bread milk tea coffee apple orange lemon sugar salt honey"
 ).split()
 N_EMBD, N_LAYER, N_HEAD, N_FF, N_CTX = 64, 2, 4, 128, 2048
+SEED = 1234
+# Tools are rendered whole, as Llama 3.1's and Qwen 2.5's templates do (`tool | tojson`), so the
+# demo model reads a tool definition the way production models do.
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|tools|>' }}{% for t in tools %}{{ t | tojson + '\\n' }}{% endfor %}{% endif %}"
     "{% for m in messages %}{{ '<|' + m['role'] + '|>' + (m['content'] if m['content'] is string else '') + '\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
 
-def write_gguf(path: Path, seed: int = 1234) -> str:
+def write_gguf(path: Path, seed: int = SEED) -> str:
     """Write the model; return its sha256 (the registry's model hash)."""
     import gguf
     import numpy as np
@@ -97,6 +101,13 @@ def write_gguf(path: Path, seed: int = 1234) -> str:
     writer.write_tensors_to_file()
     writer.close()
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def model_path(models_dir: Path) -> Path:
+    """Where the demo model lives, named by what shapes it (template, sizes, words, seed): a change
+    to any of them makes a new file instead of serving a stale one from the cache."""
+    shape = repr((CHAT_TEMPLATE, N_EMBD, N_LAYER, N_HEAD, N_FF, N_CTX, WORDS, SEED)).encode()
+    return models_dir / f"tiny-llama-{hashlib.sha256(shape).hexdigest()[:12]}.gguf"
 
 
 def ensure_model(path: Path) -> str:

@@ -85,26 +85,26 @@ def test_a_jailbreak_gets_the_openai_error_and_a_benign_prompt_passes(
 def test_a_jailbreak_hidden_in_a_tool_schema_is_refused(oa: openai.OpenAI) -> None:
     # The model reads a tool's JSON schema as part of its prompt; so does the classifier.
     # (This is alice's fourth injection denial in this session's gateway; five put her under review.)
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Looks up an order.",
-            "parameters": {
-                "type": "object",
-                "properties": {"order": {"type": "string", "description": JAILBREAK}},
-            },
-        },
-    }
+    def tool(about_order: str) -> Any:
+        order = {"type": "string", "format": "uuid", "description": about_order}
+        params = {"type": "object", "properties": {"order": order}, "required": ["order"]}
+        return {
+            "type": "function",
+            "function": {"name": "lookup", "description": "Looks up an order.", "parameters": params},
+        }
+
+    ask: Any = [{"role": "user", "content": "Where is my order 1234?"}]
     with pytest.raises(openai.BadRequestError) as e:
-        oa.chat.completions.create(
-            model="tiny-llama",
-            messages=[{"role": "user", "content": "Where is my order 1234?"}],
-            tools=[tool],  # type: ignore[list-item]
-            max_tokens=8,
-        )
+        oa.chat.completions.create(model="tiny-llama", messages=ask, tools=[tool(JAILBREAK)], max_tokens=8)
     body = e.value.body
     assert isinstance(body, dict) and body["code"] == "prompt_rejected"
+    # the same tool, described plainly, reaches llama.cpp, which renders it into the prompt
+    ok = oa.chat.completions.create(
+        model="tiny-llama", messages=ask, tools=[tool("The order's number.")], max_tokens=8
+    )
+    assert ok.choices[0].finish_reason in {"stop", "length", "tool_calls"}
+    bare = oa.chat.completions.create(model="tiny-llama", messages=ask, max_tokens=8)
+    assert ok.usage and bare.usage and ok.usage.prompt_tokens > bare.usage.prompt_tokens + 20
 
 
 def _request_log(real: GatewayEnv, rid: str) -> str:
