@@ -83,13 +83,12 @@ def test_a_jailbreak_anywhere_in_a_tool_definition_is_denied(tmp_path: Path) -> 
         with running(tmp_path / "gw", reg, env={"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}) as env:
             client = openai.OpenAI(base_url=f"{env.url}/v1", api_key=KEY, max_retries=0)
             msgs: Any = [{"role": "user", "content": "please summarise the report"}]
-            hidden: list[tuple[dict[str, Any], str]] = [
-                ({"type": "object", "jailbreak now": True}, "prompt_rejected"),
-                ({"type": "object", "properties": {"q": {"type": "jailbreak"}}}, "prompt_rejected"),
-                ({"type": "object"}, "unsupported_content"),
+            hidden: list[tuple[dict[str, Any], dict[str, Any], str]] = [
+                ({"type": "object", "jailbreak now": True}, {}, "prompt_rejected"),
+                ({"type": "object", "properties": {"q": {"type": "jailbreak"}}}, {}, "prompt_rejected"),
+                ({"type": "object"}, {"examples": ["jailbreak"]}, "unsupported_content"),
             ]
-            for params, code in hidden:
-                extra = {"examples": ["jailbreak"]} if code == "unsupported_content" else {}
+            for params, extra, code in hidden:
                 with pytest.raises(openai.BadRequestError) as e:
                     client.chat.completions.create(model="chat", messages=msgs, tools=[tool(params, **extra)])
                 assert isinstance(e.value.body, dict) and e.value.body["code"] == code, e.value.body
