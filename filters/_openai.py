@@ -37,8 +37,10 @@ _UNCHECKABLE = ("chat_template", "chat_template_kwargs", "documents", "prompt_em
 # `reasoning_content`. Any other field with a value is refused: a template may render it, and
 # the checks would not have read it. Null or empty ones pass (the openai SDK sends `audio: null`,
 # `annotations: []` when a client resends an answer's message).
-_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "function_call"})
 _MESSAGE_TEXT = ("reasoning", "reasoning_content", "refusal")
+_MESSAGE_KEYS = frozenset(
+    {"role", "content", "name", "tool_calls", "tool_call_id", "function_call", *_MESSAGE_TEXT}
+)
 # A message's `name` and a tool call's function name and id (chat templates render them):
 # identifiers, as OpenAI's API has them, so that they cannot carry text the checks do not read.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -221,16 +223,13 @@ def _chat_segments(doc: dict[str, Any]) -> list[Segment]:
         text = _text_of_content(msg.get("content"), f"messages[{i}].content")
         if text:
             segments.append(Segment(role, text))
+        _unread_fields(msg, _MESSAGE_KEYS, f"messages[{i}]")
         for key, value in msg.items():
             if key in _MESSAGE_TEXT and value is not None:
                 if not isinstance(value, str):
                     raise bad(f"messages[{i}].{key} must be a string or null")
                 if value:
                     segments.append(Segment(role, check_text(value, f"messages[{i}].{key}")))
-            elif key not in _MESSAGE_KEYS and value not in (None, "", [], {}):
-                raise bad(
-                    f"messages[{i}].{key} is not accepted by the gateway", ErrorCode.UNSUPPORTED_CONTENT
-                )
         _identifier(msg.get("tool_call_id"), f"messages[{i}].tool_call_id", _CALL_ID)
         calls = msg.get("tool_calls")
         if calls is not None and not isinstance(calls, list):
