@@ -10,6 +10,7 @@ serves it.
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
 import sys
 import threading
@@ -41,8 +42,8 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_gguf(path: Path, seed: int = SEED) -> str:
-    """Write the model; return its sha256 (the registry's model hash)."""
+def write_gguf(path: Path, seed: int = SEED) -> None:
+    """Write the model to `path`."""
     import gguf
     import numpy as np
 
@@ -100,7 +101,6 @@ def write_gguf(path: Path, seed: int = SEED) -> str:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def model_path(models_dir: Path) -> Path:
@@ -110,11 +110,19 @@ def model_path(models_dir: Path) -> Path:
     return models_dir / f"tiny-llama-{hashlib.sha256(shape).hexdigest()[:12]}.gguf"
 
 
-def ensure_model(path: Path) -> str:
-    """Generate the model if it is missing; return its sha256."""
-    if not path.exists():
-        return write_gguf(path)
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def ensure_model(path: Path) -> None:
+    """Generate the model if it is missing, whole or not at all: it is written beside `path` and
+    renamed into place, so a start cut short never leaves a truncated file that later starts
+    would take for the model."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")
+    try:
+        write_gguf(part)
+        part.replace(path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def serve(port: int, model: Path, alias: str = "tiny-llama") -> None:
