@@ -292,6 +292,9 @@ def parse_request(op: str, body: bytes) -> Prompt:
     for name in _UNCHECKABLE:
         if name in doc:
             raise bad(f"'{name}' is not accepted by the gateway", ErrorCode.UNSUPPORTED_CONTENT)
+    # vLLM's prefix-cache salt. The route filter mixes it into a salt of its own, so no server
+    # gets it as sent; plain and short all the same (a cache store may fail on other characters).
+    _identifier(doc.get("cache_salt"), "'cache_salt'", _CALL_ID)
     segments = _chat_segments(doc) if op == CHAT else _completion_segments(doc)
     return Prompt(Protocol.OPENAI, op, model, bool(stream), tuple(segments), doc)
 

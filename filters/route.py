@@ -5,6 +5,14 @@ Resolves `name[@version][:hash]` to an upstream and writes the gateway-owned rou
 and version it knows: the OpenAI `model` field or the KServe path is rewritten accordingly.
 The OpenAI model list is answered by the gateway from the registry.
 
+Prefix-cache isolation (`cache_scope`): a model server that caches prompt prefixes across
+requests (vLLM's automatic prefix caching) answers a prefix it has seen faster, so a caller can
+time its way to another caller's system prompt or documents. vLLM keeps a request's cached
+blocks apart from every request with another `cache_salt`, so every OpenAI chat and completion
+gets a salt the gateway derives from its caller's tenant (or user): a keyed hash, never the
+client's own value, which is mixed in and so can only narrow the scope further. Servers without
+the field (llama.cpp) ignore it.
+
 A registry snapshot that cannot be vouched for (Consul unreachable past its staleness bound,
 gateway/consul.py) goes through `fail_mode.consul`: 503 registry_unavailable by default, or the
 last good snapshot, flagged. With no snapshot ever read, every request is refused.
@@ -12,8 +20,12 @@ last good snapshot, flagged. With no snapshot ever read, every request is refuse
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from filters import _kserve, _openai
 from filters._protocols import Prompt, compact_json
@@ -23,6 +35,7 @@ from filters.base import (
     Decision,
     Deny,
     Phase,
+    Principal,
     RequestContext,
     Respond,
     Verdict,
@@ -42,12 +55,47 @@ def _model_entry(model_id: str) -> dict[str, object]:
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "ztgate"}
 
 
+CacheScope = Literal["tenant", "user", "shared"]
+
+
+class RouteParams(BaseModel):
+    """Parameters of `route`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    cache_scope: CacheScope = Field(
+        default="tenant",
+        description="Who may share the model server's prefix cache (vLLM's `cache_salt` on every "
+        "OpenAI chat and completion): `tenant` (callers of one tenant), `user` (one user), or "
+        "`shared` (everyone: no salt, unless the client sends one). A cached prefix is answered "
+        "faster, so callers who share a cache can time their way to each other's prompts.",
+    )
+
+
 class RegistryRoute(BaseFilter):
-    """Route each request to the upstream the registry names for its model reference."""
+    """Route each request to the upstream the registry names for its model reference, and give
+    OpenAI calls the prefix-cache salt of their caller's scope."""
 
     name: ClassVar[str] = "route"
     phases: ClassVar[Phase] = Phase.REQUEST_HEADERS | Phase.REQUEST_BODY
     needs: ClassVar[tuple[str, ...]] = ("protocol",)
+
+    def __init__(self, key: bytes, cache_scope: CacheScope = "tenant") -> None:
+        self._key = key
+        self._scope = cache_scope
+
+    def cache_salt(self, who: Principal | None, client_salt: str | None) -> str | None:
+        """The salt the upstream gets: a keyed hash of the caller's scope and the client's own
+        salt, if any (so it can narrow its scope, never widen it); None: share with everyone."""
+        if self._scope == "shared":
+            if client_salt is None:
+                return None
+            parts = ["shared"]
+        elif who is None:
+            parts = ["anonymous"]  # a route without keys: one scope, apart from every tenant
+        else:
+            parts = ["tenant", who.tenant] + (["user", who.user] if self._scope == "user" else [])
+        msg = json.dumps(["ztgate cache_salt", *parts, client_salt]).encode()  # unambiguous
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()[:32]
 
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
         # Calls without a body (model lists, health, metadata) are complete at this point.
@@ -58,9 +106,34 @@ class RegistryRoute(BaseFilter):
             return Deny(500, ErrorCode.INTERNAL, "internal error")
         if ctx.route is not None or ctx.prompt.operation in (_openai.MODELS, _openai.MODEL):
             return Continue()
-        return self._route(ctx, ctx.prompt)
+        return self._route(ctx, ctx.prompt, body)
 
-    def _route(self, ctx: RequestContext, p: Prompt) -> Decision:
+    def _openai_body(self, ctx: RequestContext, p: Prompt, model: str, sent: bytes | None) -> bytes | None:
+        """The body the upstream gets (None: as sent): the model under its upstream name, the
+        cache salt of the caller's scope."""
+        doc: Any = p.document
+        if not isinstance(doc, dict):
+            return None
+        client_salt = doc.get("cache_salt")  # checked by the protocol filter: a short identifier
+        salt = self.cache_salt(ctx.principal, client_salt)
+        changes: dict[str, str] = {}
+        if model != p.model_ref:
+            changes["model"] = model
+        if salt is not None:
+            changes["cache_salt"] = salt
+        if not changes:
+            return None
+        # Later filters that rewrite the body start from what the upstream will get.
+        p.document = {**doc, **changes}
+        if sent is not None and salt is not None and "model" not in changes and client_salt is None:
+            # Only a new key: put it in front of the others rather than serialize the whole body
+            # again (a prompt of megabytes). The body parsed to `doc`, so it is an object with a
+            # `model`: a comma always follows its first `{`.
+            start = sent.index(b"{")
+            return b'%s{"cache_salt":"%s",%s' % (sent[:start], salt.encode(), sent[start + 1 :])
+        return compact_json(p.document)
+
+    def _route(self, ctx: RequestContext, p: Prompt, sent: bytes | None = None) -> Decision:
         reg = ctx.registry
         if reg.problem is not None:
             if reg.revision == NO_REGISTRY:
@@ -96,12 +169,7 @@ class RegistryRoute(BaseFilter):
         headers: tuple[tuple[str, str], ...] = ((UPSTREAM_HEADER, route.cluster), *_checked_path(ctx))
         body: bytes | None = None
         if p.protocol is Protocol.OPENAI:
-            if route.upstream_model != p.model_ref and isinstance(p.document, dict):
-                doc = dict(p.document)
-                doc["model"] = route.upstream_model
-                body = compact_json(doc)
-                # Later filters that rewrite the body start from what the upstream will get.
-                p.document = doc
+            body = self._openai_body(ctx, p, route.upstream_model, sent)
         else:
             path = _kserve.upstream_path(
                 _kserve.KPath(p.operation, p.model_ref), route.upstream_model, route.upstream_version
@@ -129,6 +197,6 @@ def _json(status: int, doc: object) -> Respond:
     return Respond(status, json.dumps(doc).encode())
 
 
-@register("route")
-def _build(env: BuildEnv, _params: object) -> RegistryRoute:
-    return RegistryRoute()
+@register("route", RouteParams)
+def _build(env: BuildEnv, params: RouteParams) -> RegistryRoute:
+    return RegistryRoute(env.audit_key(), params.cache_scope)

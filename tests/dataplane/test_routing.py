@@ -9,7 +9,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import KEY, OTHER_TENANT_KEY, ScriptedUpstream, json_answer, registry_for, running
+from tests.harness import (
+    KEY,
+    OTHER_TENANT_KEY,
+    ScriptedUpstream,
+    json_answer,
+    registry_for,
+    running,
+    running_policy,
+)
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}
 
@@ -239,3 +247,47 @@ def test_each_key_is_its_own_principal(client: httpx.Client, openai_up: Scripted
     )
     assert r.status_code == 200
     assert len(openai_up.requests) == 1
+
+
+def test_each_tenant_gets_a_prefix_cache_of_its_own(
+    client: httpx.Client, openai_up: ScriptedUpstream
+) -> None:
+    bob = {"authorization": f"Bearer {OTHER_TENANT_KEY}"}
+    for headers in ({}, {}, bob):
+        assert (
+            client.post(
+                "/v1/chat/completions", json={"model": "llama3-8b", **CHAT}, headers=headers
+            ).status_code
+            == 200
+        )
+    alice, again, other = (json.loads(r.body)["cache_salt"] for r in openai_up.requests)
+    assert alice == again != other
+    # Bob sends Alice's salt to share her cache (or any salt at all): he gets one of his own.
+    r = client.post(
+        "/v1/completions", json={"model": "llama3-8b", "prompt": "hi", "cache_salt": alice}, headers=bob
+    )
+    assert r.status_code == 200, r.text
+    assert json.loads(openai_up.requests[-1].body)["cache_salt"] not in (alice, other)
+    # A salt a cache store could choke on is refused before anything is sent.
+    r = client.post("/v1/chat/completions", json={"model": "llama3-8b", **CHAT, "cache_salt": "a/b c"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    assert len(openai_up.requests) == 4
+
+
+def test_a_policy_can_let_every_caller_share_the_prefix_cache(
+    tmp_path: Path, openai_up: ScriptedUpstream
+) -> None:
+    reg = registry_for(
+        {"v": ("openai", openai_up.port)}, {"m": {"latest": "1", "versions": {"1": {"upstream": "v"}}}}
+    )
+    openai_up.requests.clear()
+    policy = "version: 1\nchain:\n  - filter: principal\n  - filter: protocol\n  - filter: route\n    cache_scope: shared\ndefault_action: allow\n"
+    with running_policy(tmp_path, reg, policy, workers=1) as env:
+        for body in ({"model": "m", **CHAT}, {"model": "m", **CHAT, "cache_salt": "s1"}):
+            r = httpx.post(
+                env.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}"}
+            )
+            assert r.status_code == 200, r.text
+    plain, salted = (json.loads(r.body) for r in openai_up.requests)
+    assert "cache_salt" not in plain
+    assert salted["cache_salt"] not in ("s1", "") and len(salted["cache_salt"]) == 32
