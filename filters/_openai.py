@@ -32,6 +32,12 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 # documents a template pastes in, and prompt embeddings (a base64 tensor the model reads as a
 # prompt of its own, beside `prompt` or the messages). They are refused, not forwarded unchecked.
 _UNCHECKABLE = ("chat_template", "chat_template_kwargs", "documents", "prompt_embeds")
+# vLLM's request fields that steer the engine rather than the answer, which only the operator's
+# own routers may set: KV- and encoder-cache transfer between instances (their remote host and
+# port, their block ids: a client's would send the engine to any address, or to another
+# request's cache), extra engine arguments, logits processors loaded by name, and scheduling
+# priority (one tenant's would jump every other's queue). Refused, with any value but null.
+_ENGINE_FIELDS = ("kv_transfer_params", "ec_transfer_params", "vllm_xargs", "logits_processors", "priority")
 # What a message may carry. Text fields beside `content` are read too: vLLM hands an assistant
 # message's `reasoning` to the chat template (interleaved thinking), templates read
 # `reasoning_content`. Any other field with a value is refused: a template may render it, and
@@ -292,6 +298,12 @@ def parse_request(op: str, body: bytes) -> Prompt:
     for name in _UNCHECKABLE:
         if name in doc:
             raise bad(f"'{name}' is not accepted by the gateway", ErrorCode.UNSUPPORTED_CONTENT)
+    for name in _ENGINE_FIELDS:
+        if doc.get(name) is not None:
+            raise bad(
+                f"'{name}' is set by the model server's operator, not by a client",
+                ErrorCode.UNSUPPORTED_CONTENT,
+            )
     # vLLM's prefix-cache salt. The route filter mixes it into a salt of its own, so no server
     # gets it as sent; plain and short all the same (a cache store may fail on other characters).
     _identifier(doc.get("cache_salt"), "'cache_salt'", _CALL_ID)

@@ -98,6 +98,18 @@ def test_completion_token_prompts_are_refused(client: httpx.Client, openai_up: S
     assert openai_up.requests == []
 
 
+def test_engine_controls_from_a_client_are_refused(client: httpx.Client, openai_up: ScriptedUpstream) -> None:
+    # Where a decode engine fetches KV blocks from (an address of the client's choosing), and a
+    # scheduling priority above every other tenant's: only the operator's own routers set these.
+    steer = {"kv_transfer_params": {"remote_host": "169.254.169.254", "remote_port": 80}, "priority": -9}
+    for field, value in steer.items():
+        body = {"model": "llama3-8b", "messages": [{"role": "user", "content": "hi"}], field: value}
+        r = client.post(CHAT_PATH, json=body)
+        _openai_error(r, 400, "unsupported_content")
+        assert field in r.json()["error"]["message"]
+    assert openai_up.requests == []
+
+
 def test_ten_megabyte_body_is_refused_before_reading(
     client: httpx.Client, openai_up: ScriptedUpstream
 ) -> None:
