@@ -218,6 +218,18 @@ def _parameter_segments(doc: dict[str, Any]) -> list[Segment]:
         return []
     if not isinstance(params, dict):
         raise bad("'parameters' must be an object")
+    if "priority" in params:
+        # Triton's scheduling priority: one tenant's own would jump every other tenant's queue.
+        raise bad(
+            "parameters.priority is set by the model server's operator, not by a client",
+            ErrorCode.UNSUPPORTED_CONTENT,
+        )
+    seq = params.get("sequence_id")
+    if seq is not None and not (
+        (isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 1 << 64)
+        or (isinstance(seq, str) and _REQUEST_ID.fullmatch(seq))
+    ):
+        raise bad("parameters.sequence_id must be a number from 0 to 2^64-1 or an identifier")
     out: list[Segment] = []
     for key, value in params.items():
         if isinstance(value, str):

@@ -13,6 +13,11 @@ gets a salt the gateway derives from its caller's tenant (or user): a keyed hash
 client's own value, which is mixed in and so can only narrow the scope further. Servers without
 the field (llama.cpp) ignore it.
 
+Sequence isolation: Triton's sequence batcher keeps a stateful model's state per correlation id
+(`parameters.sequence_id`), one namespace for every client, so a caller who sends another's id
+continues, and reads, that sequence. The id a KServe call names is replaced by a keyed hash of
+its tenant and that id, so each tenant's sequences are its own.
+
 A registry snapshot that cannot be vouched for (Consul unreachable past its staleness bound,
 gateway/consul.py) goes through `fail_mode.consul`: 503 registry_unavailable by default, or the
 last good snapshot, flagged. With no snapshot ever read, every request is refused.
@@ -97,6 +102,31 @@ class RegistryRoute(BaseFilter):
         msg = json.dumps(["ztgate cache_salt", *parts, client_salt]).encode()  # unambiguous
         return hmac.new(self._key, msg, hashlib.sha256).hexdigest()[:32]
 
+    def sequence_id(self, who: Principal | None, seq: int | str) -> int | str:
+        """The correlation id the model server gets for a caller's `sequence_id`: a keyed hash of
+        the caller's tenant and the id, of the same type (a number below 2^63, never 0)."""
+        scope = ["anonymous"] if who is None else ["tenant", who.tenant]
+        msg = json.dumps(["ztgate sequence_id", *scope, seq]).encode()
+        digest = hmac.new(self._key, msg, hashlib.sha256).digest()
+        if isinstance(seq, str):
+            return digest.hex()[:32]
+        return (int.from_bytes(digest[:8], "big") >> 1) or 1
+
+    def _kserve_body(self, ctx: RequestContext, p: Prompt) -> tuple[bytes, str | None] | None:
+        """The body and Inference-Header-Content-Length the model server gets when the call names
+        a sequence (None: as sent): its id in the caller's tenant's namespace."""
+        doc: Any = p.document
+        params = doc.get("parameters") if isinstance(doc, dict) else None
+        if not isinstance(params, dict):
+            return None
+        seq = params.get("sequence_id")  # checked by the protocol filter: a number or an identifier
+        if seq is None or seq in (0, ""):  # 0 and "": no sequence (Triton's own reading)
+            return None
+        p.document = {**doc, "parameters": {**params, "sequence_id": self.sequence_id(ctx.principal, seq)}}
+        if p.operation == _kserve.INFER:
+            return _kserve.body_with_binary(p.document, p.binary_tail)
+        return compact_json(p.document), None
+
     async def on_request_headers(self, ctx: RequestContext) -> Decision:
         # Calls without a body (model lists, health, metadata) are complete at this point.
         return self._route(ctx, ctx.prompt) if ctx.prompt is not None else Continue()
@@ -175,6 +205,11 @@ class RegistryRoute(BaseFilter):
                 _kserve.KPath(p.operation, p.model_ref), route.upstream_model, route.upstream_version
             )
             headers = ((UPSTREAM_HEADER, route.cluster), (":path", path))
+            rewritten = self._kserve_body(ctx, p)
+            if rewritten is not None:
+                body, length = rewritten
+                if length is not None:
+                    headers += ((_kserve.HEADER_LENGTH, length),)
         return Continue(set_headers=headers, body=body, reroute=True)
 
 

@@ -291,3 +291,25 @@ def test_a_policy_can_let_every_caller_share_the_prefix_cache(
     plain, salted = (json.loads(r.body) for r in openai_up.requests)
     assert "cache_salt" not in plain
     assert salted["cache_salt"] not in ("s1", "") and len(salted["cache_salt"]) == 32
+
+
+def test_each_tenant_has_triton_sequences_of_its_own(
+    client: httpx.Client, kserve_up: ScriptedUpstream
+) -> None:
+    bob = {"authorization": f"Bearer {OTHER_TENANT_KEY}"}
+    step = {"text_input": "hi", "parameters": {"sequence_id": 7, "sequence_start": True}}
+    for headers in ({}, {}, bob):
+        assert client.post("/v2/models/echo/generate", json=step, headers=headers).status_code == 200
+    tensor = {"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["hi"]}
+    r = client.post(
+        "/v2/models/echo/infer", json={"inputs": [tensor], "parameters": {"sequence_id": 7}}, headers=bob
+    )
+    assert r.status_code == 200, r.text
+    alice, again, other, infer = (json.loads(got.body)["parameters"] for got in kserve_up.requests)
+    # Bob names Alice's sequence 7 and gets one of his own: he neither continues nor reads hers.
+    assert alice["sequence_id"] == again["sequence_id"] != other["sequence_id"] == infer["sequence_id"] != 7
+    assert alice["sequence_start"] is True
+    # Scheduling priority is the operator's: refused before anything is sent.
+    r = client.post("/v2/models/echo/generate", json={"text_input": "hi", "parameters": {"priority": 1}})
+    assert r.status_code == 400 and r.json()["code"] == "unsupported_content", r.text
+    assert len(kserve_up.requests) == 4

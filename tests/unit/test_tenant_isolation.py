@@ -1,4 +1,5 @@
-"""Prefix-cache isolation: the `cache_salt` the route filter gives every OpenAI call."""
+"""Tenant isolation in what the model server shares: the prefix-cache salt the route filter gives
+every OpenAI call, and the namespace it gives Triton sequence ids."""
 
 from __future__ import annotations
 
@@ -106,12 +107,76 @@ async def test_the_salt_is_added_without_serializing_the_body_again() -> None:
     assert body != compact_json(json.loads(body))  # the client's escapes are kept as sent
 
 
-async def test_kserve_calls_are_left_unsalted() -> None:
-    body = json.dumps({"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}).encode()
-    ctx = RequestContext("rid", "POST", "/v2/models/echo/infer", {}, Registry.from_yaml(REG), principal=ALICE)
-    ctx.prompt = _kserve.parse_request(_kserve.parse_path("POST", "/v2/models/echo/infer"), body, None)
-    d = await RegistryRoute(KEY).on_request_body(ctx, body)
-    assert isinstance(d, Continue) and d.body is None
+async def _kserve_call(
+    op: str, doc: dict[str, object], who: Principal | None, binary: bytes = b""
+) -> Continue:
+    body = json.dumps(doc).encode()
+    length = str(len(body)) if binary else None
+    path = f"/v2/models/echo/{op}"
+    ctx = RequestContext("rid", "POST", path, {}, Registry.from_yaml(REG), principal=who)
+    ctx.prompt = _kserve.parse_request(_kserve.parse_path("POST", path), body + binary, length)
+    d = await RegistryRoute(KEY).on_request_body(ctx, body + binary)
+    assert isinstance(d, Continue) and d.reroute
+    return d
+
+
+TENSOR = {"name": "t", "shape": [1], "datatype": "BYTES", "data": ["hi"]}
+
+
+async def test_kserve_calls_without_a_sequence_go_as_sent() -> None:
+    for params in ({}, {"parameters": {"sequence_id": 0}}, {"parameters": {"sequence_id": ""}}):
+        d = await _kserve_call("infer", {"inputs": [TENSOR], **params}, ALICE)
+        assert d.body is None  # no salt either: the protocol has no such field
+
+
+def _sequence(d: Continue) -> object:
+    assert d.body is not None
+    return json.loads(d.body)["parameters"]["sequence_id"]
+
+
+@pytest.mark.parametrize("seq", [7, "session-7"])
+async def test_each_tenant_has_sequences_of_its_own(seq: int | str) -> None:
+    doc: dict[str, object] = {"text_input": "hi", "parameters": {"sequence_id": seq, "sequence_start": True}}
+    alice, carol, bob = [_sequence(await _kserve_call("generate", doc, who)) for who in (ALICE, CAROL, BOB)]
+    assert alice == carol != bob  # one tenant's users share its sequences
+    assert alice != seq and type(alice) is type(seq)
+    if isinstance(alice, int):
+        assert 0 < alice < 1 << 63
+    else:
+        assert re.fullmatch(r"[0-9a-f]{32}", str(alice))
+    other = _sequence(await _kserve_call("generate", {**doc, "parameters": {"sequence_id": 8}}, ALICE))
+    assert other not in (alice, 8)
+
+
+async def test_a_binary_infer_keeps_its_tensors_and_gets_its_new_header_length() -> None:
+    raw = b"\x03\x00\x00\x00abc"
+    tensor = {"name": "t", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}
+    d = await _kserve_call("infer", {"inputs": [tensor], "parameters": {"sequence_id": 42}}, BOB, raw)
+    assert d.body is not None and d.body.endswith(raw)
+    length = dict(d.set_headers)[_kserve.HEADER_LENGTH]
+    doc = json.loads(d.body[: int(length)])
+    assert doc["inputs"] == [tensor] and doc["parameters"]["sequence_id"] == _sequence_of(BOB, 42)
+
+
+def _sequence_of(who: Principal, seq: int | str) -> int | str:
+    return RegistryRoute(KEY).sequence_id(who, seq)
+
+
+@pytest.mark.parametrize(
+    ("params", "code"),
+    [
+        ({"priority": 1}, "unsupported_content"),  # a tenant's own would jump every queue
+        ({"sequence_id": -1}, "invalid_request"),
+        ({"sequence_id": 1 << 64}, "invalid_request"),
+        ({"sequence_id": True}, "invalid_request"),
+        ({"sequence_id": "a b"}, "invalid_request"),
+    ],
+)
+def test_kserve_scheduling_parameters_a_client_may_not_set(params: dict[str, object], code: str) -> None:
+    body = json.dumps({"text_input": "hi", "parameters": params}).encode()
+    with pytest.raises(ProtocolError) as e:
+        _kserve.parse_request(_kserve.parse_path("POST", "/v2/models/echo/generate"), body, None)
+    assert (e.value.status, e.value.code.value) == (400, code)
 
 
 @pytest.mark.parametrize("salt", ["", "a b", "x" * 129, "ünïcode", 7, ["a"]])
