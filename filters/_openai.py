@@ -434,6 +434,25 @@ def request_slots(op: str, doc: dict[str, Any]) -> list[Slot]:
     return out
 
 
+def _holds_something(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_something(v) for v in value.values())
+    return value not in (None, [], "")
+
+
+def token_field(doc: Any) -> str | None:
+    """The first field of an answer document's choices that carries its text again, token by
+    token (`logprobs`, vLLM's `token_ids`), or None. A server may send them unasked (llama.cpp
+    does for `n_probs`, a field of its own): redaction cannot follow them."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
+        return None
+    for n, choice in enumerate(doc["choices"]):
+        for key in ("logprobs", "token_ids"):
+            if isinstance(choice, dict) and _holds_something(choice.get(key)):
+                return f"choices[{n}].{key}"
+    return None
+
+
 def answer_slots(op: str, doc: Any, message_key: str) -> list[Slot]:
     """The answer texts of one answer document (`message` when whole, `delta` when streamed),
     keyed by (choice index, field) so a choice's streamed pieces form one text."""

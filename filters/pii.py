@@ -262,6 +262,11 @@ class PiiRedactor(BaseFilter):
         if not (self.response or ctx.redact_rules) or answer is None or p is None or not 200 <= status < 300:
             return CONTINUE
         st = self._state(ctx)
+        if p.protocol is Protocol.OPENAI and not self._shadow(ctx):
+            docs = [ev.doc for ev in answer.chunk_events] if st.stream is not None else [answer.document]
+            tokens = next(filter(None, map(_openai.token_field, docs)), None)
+            if tokens is not None:
+                return _tokens(tokens)
         if st.stream is not None:
             if p.protocol is Protocol.KSERVE_V2 and self.deny_non_text:
                 for ev in answer.chunk_events:
@@ -387,6 +392,15 @@ def _non_text(name: str, kind: str) -> Deny:
     )
 
 
+def _tokens(where: str) -> Deny:
+    """An answer that carries its text again as tokens, unasked, is refused rather than passed."""
+    return Deny(
+        502,
+        ErrorCode.UPSTREAM_BAD_RESPONSE,
+        f"the model's answer carries its tokens ({where}): the gateway cannot check them for personal data",
+    )
+
+
 _UNREDACTABLE = Deny(
     400,
     ErrorCode.PII_UNREDACTABLE,
@@ -400,18 +414,19 @@ _NO_LOGPROBS = Deny(
 
 
 def _asks_logprobs(p: Prompt) -> bool:
-    """Whether an OpenAI request asks for the answer's tokens (logprobs, or vLLM's
-    `return_token_ids`): those carry the text again, token by token, where redaction cannot
-    follow. `logprobs: 0` on completions still returns the tokens."""
+    """Whether an OpenAI request asks for the answer's tokens (logprobs, vLLM's
+    `return_token_ids`, llama.cpp's `n_probs`): those carry the text again, token by token,
+    where redaction cannot follow. `logprobs: 0` on completions still returns the tokens."""
     doc = p.document
     if p.protocol is not Protocol.OPENAI or not isinstance(doc, dict):
         return False
     lp, top = doc.get("logprobs"), doc.get("top_logprobs")
-    ids = doc.get("return_token_ids")
+    ids, probs = doc.get("return_token_ids"), doc.get("n_probs")
     return (
         (lp is not None and lp is not False)
         or (top is not None and top != 0)
         or (ids is not None and ids is not False)
+        or (probs is not None and probs != 0)
     )
 
 

@@ -165,6 +165,44 @@ def test_token_ids_in_kserve_generate_answers_are_not_passed_unread(
     assert b"output_ids" not in received and b"[52" not in received
 
 
+def test_tokens_in_an_openai_answer_are_not_passed_unread(
+    client: httpx.Client, openai_up: ScriptedUpstream
+) -> None:
+    """An answer's logprobs spell its text token by token, where redaction cannot follow: asked
+    for, the request is refused (test_pii); sent unasked (llama.cpp does for its own `n_probs`
+    field, which the gateway also refuses), the answer is refused, a stream cut before them."""
+    tokens = {"content": [{"token": "4111", "bytes": [52, 49, 49, 49], "logprob": -0.1, "top_logprobs": []}]}
+    whole = {"choices": [{"index": 0, "message": {"content": "<CREDIT_CARD>"}, "logprobs": tokens}]}
+    openai_up.handler = lambda _r: json_answer(whole)
+    r = client.post(
+        "/v1/chat/completions", json={"model": "llama3-8b", "messages": [{"role": "user", "content": "x"}]}
+    )
+    assert r.status_code == 502, r.text
+    err = r.json()["error"]
+    assert err["code"] == "upstream_bad_response" and "choices[0].logprobs" in err["message"]
+    assert "4111" not in r.text and "52, 49" not in r.text
+    # Null, as vLLM sends when none were asked for, is no answer text.
+    openai_up.handler = lambda _r: json_answer(
+        {"choices": [{"index": 0, "message": {"content": "ok"}, "logprobs": None}]}
+    )
+    r = client.post(
+        "/v1/chat/completions", json={"model": "llama3-8b", "messages": [{"role": "user", "content": "x"}]}
+    )
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok", r.text
+
+    first = {"choices": [{"index": 0, "delta": {"content": "ok "}, "logprobs": None}]}
+    second = {"choices": [{"index": 0, "delta": {"content": "4111"}, "logprobs": tokens}]}
+    events = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in (first, second)] + [b"data: [DONE]\n\n"]
+    openai_up.handler = lambda _r: streamed(events, gap_s=0.05)
+    received = b""
+    body = {"model": "llama3-8b", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(httpx.HTTPError), client.stream("POST", "/v1/chat/completions", json=body) as r:  # noqa: PT012
+        assert r.status_code == 200
+        for chunk in r.iter_raw():
+            received += chunk
+    assert b"logprobs" not in received.replace(b'"logprobs":null', b"") and b"4111" not in received
+
+
 # An upstream's extra answer headers: a debug echo of the prompt (holding a card number the body
 # may not carry), a cookie, a redirect, CORS grants. None is the client's business.
 _UPSTREAM_EXTRA = {

@@ -272,6 +272,8 @@ def test_a_request_for_logprobs_is_refused_while_answers_are_redacted(client: Gw
         {"model": "chat", "top_logprobs": 2, "messages": [{"role": "user", "content": "hi"}]},
         # vLLM returns the answer's token ids beside its text: the tokens spell what was redacted.
         {"model": "chat", "return_token_ids": True, "messages": [{"role": "user", "content": "hi"}]},
+        # llama.cpp's own field: the answer's tokens, with their bytes, in `logprobs`.
+        {"model": "chat", "n_probs": 2, "messages": [{"role": "user", "content": "hi"}]},
     ):
         r = c.post("/v1/chat/completions", json=body)
         assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_content", r.text

@@ -91,6 +91,28 @@ def test_llama_stream_is_redacted(oa: openai.OpenAI) -> None:
     assert "".join(deltas) == "Your card <CREDIT_CARD> is on file."
 
 
+def test_llama_tokens_would_spell_the_card_so_the_gateway_does_not_ask_for_them(
+    real: GatewayEnv, oa: openai.OpenAI
+) -> None:
+    # Straight to llama.cpp: its own `n_probs` field returns the answer token by token.
+    up = yaml.safe_load(real.settings.registry_file.read_text())["upstreams"]["llama-demo"]
+    ask = {"messages": [{"role": "user", "content": "what card?"}], "max_tokens": 64, "grammar": GRAMMAR}
+    direct = httpx.post(
+        f"http://{up['host']}:{up['port']}/v1/chat/completions", json={**ask, "n_probs": 1}, timeout=60
+    )
+    tokens = direct.json()["choices"][0]["logprobs"]["content"]
+    assert VISA in "".join(t["token"] for t in tokens)
+    # Through the gateway, which redacts answers: refused before llama.cpp runs it.
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "what card?"}],
+            max_tokens=64,
+            extra_body={"n_probs": 1, "grammar": GRAMMAR},
+        )
+    assert e.value.code == "unsupported_content"
+
+
 @pytest.fixture(scope="module")
 def strict(real: GatewayEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayEnv]:
     """A second gateway on the same real upstreams whose policy also redacts prompts."""
