@@ -36,8 +36,17 @@ _UNCHECKABLE = ("chat_template", "chat_template_kwargs", "documents", "prompt_em
 # own routers may set: KV- and encoder-cache transfer between instances (their remote host and
 # port, their block ids: a client's would send the engine to any address, or to another
 # request's cache), extra engine arguments, logits processors loaded by name, and scheduling
-# priority (one tenant's would jump every other's queue). Refused, with any value but null.
-_ENGINE_FIELDS = ("kv_transfer_params", "ec_transfer_params", "vllm_xargs", "logits_processors", "priority")
+# priority (one tenant's would jump every other's queue); and llama.cpp's per-request LoRA
+# adapters (another model than the one the registry routed to and the audit names). Refused,
+# with any value but null.
+_ENGINE_FIELDS = (
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "vllm_xargs",
+    "logits_processors",
+    "priority",
+    "lora",
+)
 # What a message may carry. Text fields beside `content` are read too: vLLM hands an assistant
 # message's `reasoning` to the chat template (interleaved thinking), templates read
 # `reasoning_content`. Any other field with a value is refused: a template may render it, and

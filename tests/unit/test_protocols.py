@@ -176,6 +176,7 @@ def test_fields_that_put_unchecked_text_before_the_model_are_refused(field: str)
         ("vllm_xargs", {"prefix_lm_len": 4}),
         ("logits_processors", ["os.system"]),
         ("priority", -100),
+        ("lora", [{"id": 0, "scale": 1.0}]),  # llama.cpp: an adapter the registry did not route to
     ],
 )
 def test_fields_that_steer_the_engine_are_refused(field: str, value: object) -> None:
