@@ -341,6 +341,11 @@ def _check_text_fields(part: Any, where: str) -> None:
         return
     if not isinstance(part, dict):
         raise _bad_answer(f"{where} is not an object")
+    for key, value in part.items():
+        if key not in _READ_ANSWER_KEYS and _holds_text(value):
+            # A field the gateway does not read (OpenAI's `audio` transcript, a server's own
+            # field): the client would get text that no check saw.
+            raise _bad_answer(f"{where}.{key} holds text the gateway does not read")
     for f in _MESSAGE_FIELDS:
         if part.get(f) is not None and not isinstance(part[f], str):
             raise _bad_answer(f"{where}.{f} is not a string")
@@ -414,6 +419,8 @@ def answer_from_sse(op: str, parser: SSEParser, chunk: bytes, end: bool, answer:
 # Text fields of a chat answer's message or delta: all of it reaches the client. Reasoning is
 # answer text too (`reasoning` is newer vLLM's name for `reasoning_content`).
 _MESSAGE_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
+# What the gateway reads of an answer's message or delta; any other field holding text is refused.
+_READ_ANSWER_KEYS = frozenset({"role", *_MESSAGE_FIELDS, "tool_calls", "function_call"})
 
 
 def request_slots(op: str, doc: dict[str, Any]) -> list[Slot]:
@@ -441,6 +448,14 @@ def request_slots(op: str, doc: dict[str, Any]) -> list[Slot]:
     if isinstance(doc.get("suffix"), str):
         out.append(Slot("suffix", doc, "suffix"))
     return out
+
+
+def _holds_text(value: Any) -> bool:
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return any(_holds_text(v) for v in value)
+    return isinstance(value, str) and value != ""
 
 
 def _holds_something(value: Any) -> bool:

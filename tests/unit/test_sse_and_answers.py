@@ -211,6 +211,39 @@ def test_answer_text_that_is_not_text_is_refused(message: dict[str, object]) -> 
     assert e.value.status == 502
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"audio": {"id": "a1", "data": "UklGRg==", "transcript": "your card is 4111 1111 1111 1111"}},
+        {"thinking": "the card is 4111 1111 1111 1111"},
+        {"annotations": [{"type": "url_citation", "url_citation": {"title": "4111 1111 1111 1111"}}]},
+    ],
+)
+def test_answer_fields_holding_text_the_gateway_does_not_read_are_refused(extra: dict[str, object]) -> None:
+    for key, doc in (
+        ("message", {"choices": [{"index": 0, "message": {"content": "ok", **extra}}]}),
+        ("delta", {"choices": [{"index": 0, "delta": {"content": "ok", **extra}}]}),
+    ):
+        with pytest.raises(ProtocolError) as e:
+            _openai.take_document(_openai.CHAT, doc, key, Answer())
+        assert e.value.status == 502 and f"{key}.{next(iter(extra))} holds text" in e.value.message
+
+
+def test_answer_fields_without_text_pass() -> None:
+    # What vLLM and the openai SDK put beside a message's text when there is none of it.
+    message: dict[str, object] = {
+        "role": "assistant",
+        "content": "ok",
+        "audio": None,
+        "annotations": [],
+        "tool_calls": [],
+    }
+    body = json.dumps({"choices": [{"index": 0, "message": message, "logprobs": None}]}).encode()
+    answer = Answer()
+    _openai.answer_from_json(_openai.CHAT, body, answer)
+    assert answer.text(0) == "ok"
+
+
 def test_kserve_generate_answer_nested_deeper_than_an_array_is_refused() -> None:
     with pytest.raises(ProtocolError) as e:
         _kserve.answer_from_body(_kserve.GENERATE, b'{"text_output": {"x": "secret"}}', None, Answer())
