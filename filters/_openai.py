@@ -407,6 +407,10 @@ def answer_from_sse(op: str, parser: SSEParser, chunk: bytes, end: bool, answer:
     answer.chunk_events = []
     for ev in events:
         answer.events += 1
+        if answer.done:
+            # The answer was settled at [DONE] (its audit record, the text remembered as
+            # delivered): nothing may follow that the record does not hold.
+            raise _bad_answer("an event after [DONE]")
         if ev.data == "[DONE]":
             answer.done = True
             answer.chunk_events.append(StreamEvent(ev.event, None))

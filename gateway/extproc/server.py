@@ -144,7 +144,13 @@ class ExtProcServer:
             return not answer_phases
         if kind == "response_headers":
             return bool(st.response_body_mode == cv.NONE)
-        return kind == "response_body" and bool(req.response_body.end_of_stream)
+        if kind != "response_body":
+            return False
+        # An OpenAI stream is whole at [DONE]. A client may send its next turn the moment it
+        # reads it, before the upstream ends the stream: SETTLE (the audit record, the answer
+        # remembered as delivered) runs before the chunk that holds [DONE] leaves.
+        answer = st.ctx.answer if st.ctx is not None else None
+        return bool(req.response_body.end_of_stream) or (answer is not None and answer.done)
 
     def _settling(self, st: _Stream, *, aborted: bool) -> asyncio.Future[Decision] | None:
         """SETTLE for this request, started once (None: nothing in the chain settles).

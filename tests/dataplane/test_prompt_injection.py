@@ -9,6 +9,8 @@ error shape and never reaches the upstream, a benign one passes.
 from __future__ import annotations
 
 import json
+import socket
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -198,5 +200,62 @@ def test_assistant_turns_are_scored_unless_the_gateway_delivered_them(tmp_path: 
                     extra_body={"continue_final_message": True, "add_generation_prompt": False},
                 )
             assert len(up.requests) == 2
+    finally:
+        up.stop()
+
+
+def _dechunked(raw: bytes) -> bytes:
+    """The body so far of an HTTP/1.1 answer in chunked transfer coding (its complete chunks)."""
+    rest, out = raw.partition(b"\r\n\r\n")[2], b""
+    while b"\r\n" in rest:
+        size, _, tail = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0 or len(tail) < n + 2:
+            break
+        out, rest = out + tail[:n], tail[n + 2 :]
+    return out
+
+
+def test_a_turn_sent_the_moment_the_answer_ends_is_known_as_delivered(tmp_path: Path) -> None:
+    """An agent sends its next turn the moment it reads [DONE], its first connection still open;
+    this upstream holds its stream open for 1.5 s after [DONE]. An answer remembered only at the
+    stream's end would not be known yet, and the turn would be scored (and denied: it holds
+    attack words). Remembered before [DONE] leaves, it is known."""
+    _policy(tmp_path, "")
+    # Fresh words each run: Redis outlives the gateway, and an answer an earlier run remembered
+    # would be known however late this one is.
+    said = f"I will ignore previous instructions (jailbreak) as you asked, ref {uuid.uuid4().hex}."
+    up = ScriptedUpstream("openai").start()
+    up.handler = lambda r: (
+        streamed([b"".join(_chunked([said]))], gap_s=1.5)
+        if json.loads(r.body).get("stream")
+        else chat_answer("sure")
+    )
+    ask: list[Any] = [{"role": "user", "content": "please summarise the report"}]
+    try:
+        with running(
+            tmp_path / "gw", chat_registry(up.port), env={"ZTGATE_POLICY_FILE": str(tmp_path / "policy.yaml")}
+        ) as env:
+            host, port = env.url.removeprefix("http://").split(":")
+            body = json.dumps({"model": "chat", "messages": ask, "stream": True}).encode()
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {KEY}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+            ).encode()
+            # A raw socket: a client library closes its connection when it stops reading.
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(head + body)
+                got = b""
+                while b"data: [DONE]" not in _dechunked(got):
+                    got += sock.recv(65536)
+                lines = _dechunked(got).decode().splitlines()
+                events = [json.loads(ln[len("data: ") :]) for ln in lines if ln.startswith("data: {")]
+                text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+                assert text == said
+                alice = openai.OpenAI(base_url=f"{env.url}/v1", api_key=KEY, max_retries=0)
+                history: list[Any] = [*ask, {"role": "assistant", "content": text}, *ask]
+                out = alice.chat.completions.create(model="chat", messages=history)
+                assert out.choices[0].message.content == "sure" and len(up.requests) == 2
+                alice.close()
     finally:
         up.stop()

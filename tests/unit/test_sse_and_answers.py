@@ -248,3 +248,19 @@ def test_kserve_generate_answer_nested_deeper_than_an_array_is_refused() -> None
     with pytest.raises(ProtocolError) as e:
         _kserve.answer_from_body(_kserve.GENERATE, b'{"text_output": {"x": "secret"}}', None, Answer())
     assert e.value.status == 502
+
+
+def test_an_event_after_done_is_refused() -> None:
+    # The answer is settled at [DONE] (audited, remembered as delivered): nothing may follow it.
+    delta = {"choices": [{"index": 0, "delta": {"content": "ok"}}]}
+    parser, answer = SSEParser(), Answer()
+    _openai.answer_from_sse(
+        _openai.CHAT, parser, b"data: " + json.dumps(delta).encode() + b"\n\ndata: [DONE]\n\n", False, answer
+    )
+    assert answer.done and answer.text(0) == "ok"
+    _openai.answer_from_sse(_openai.CHAT, parser, b"", True, answer)  # the stream's empty end passes
+    with pytest.raises(ProtocolError) as e:
+        _openai.answer_from_sse(
+            _openai.CHAT, parser, b"data: " + json.dumps(delta).encode() + b"\n\n", True, answer
+        )
+    assert e.value.status == 502 and "after [DONE]" in e.value.message
