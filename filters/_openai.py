@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, cast
 
 from filters._protocols import (
@@ -454,18 +455,21 @@ def request_slots(op: str, doc: dict[str, Any]) -> list[Slot]:
     return out
 
 
-def _holds_text(value: Any) -> bool:
+def _holds(value: Any, leaf: Callable[[Any], bool]) -> bool:
+    """Whether anything in a JSON value (through its objects and arrays) is a `leaf`."""
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, list):
-        return any(_holds_text(v) for v in value)
-    return isinstance(value, str) and value != ""
+        return any(_holds(v, leaf) for v in value)
+    return leaf(value)
+
+
+def _holds_text(value: Any) -> bool:
+    return _holds(value, lambda v: isinstance(v, str) and v != "")
 
 
 def _holds_something(value: Any) -> bool:
-    if isinstance(value, dict):
-        return any(_holds_something(v) for v in value.values())
-    return value not in (None, [], "")
+    return _holds(value, lambda v: v is not None and v != "")
 
 
 def token_field(doc: Any) -> str | None:
