@@ -155,10 +155,11 @@ class RegistryRoute(BaseFilter):
             return None
         # Later filters that rewrite the body start from what the upstream will get.
         p.document = {**doc, **changes}
-        if sent is not None and salt is not None and "model" not in changes and client_salt is None:
+        if sent is not None and salt is not None and "model" not in changes and "cache_salt" not in doc:
             # Only a new key: put it in front of the others rather than serialize the whole body
-            # again (a prompt of megabytes). The body parsed to `doc`, so it is an object with a
-            # `model`: a comma always follows its first `{`.
+            # again (a prompt of megabytes). Not when the body has the key at all, even as null:
+            # a JSON reader takes the last of two, the client's. The body parsed to `doc`, so it
+            # is an object with a `model`: a comma always follows its first `{`.
             start = sent.index(b"{")
             return b'%s{"cache_salt":"%s",%s' % (sent[:start], salt.encode(), sent[start + 1 :])
         return compact_json(p.document)

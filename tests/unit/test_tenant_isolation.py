@@ -84,6 +84,7 @@ async def _forwarded(doc: dict[str, object], who: Principal | None, raw: bytes |
         (CHAT, b'\n  {"model" : "m", "messages": [{"role": "user", "content": "hello"}]}  '),
         ({**CHAT, "model": "m@2"}, None),  # the model renamed too
         ({**CHAT, "cache_salt": "victims-salt"}, None),  # the client's own salt replaced
+        ({**CHAT, "cache_salt": None}, None),  # a null one too, not left for a reader to take last
     ],
 )
 async def test_every_chat_reaches_the_upstream_with_the_tenant_salt(
