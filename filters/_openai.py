@@ -346,7 +346,10 @@ def _check_text_fields(part: Any, where: str) -> None:
         if key not in _READ_ANSWER_KEYS and _holds_text(value):
             # A field the gateway does not read (OpenAI's `audio` transcript, a server's own
             # field): the client would get text that no check saw.
-            raise _bad_answer(f"{where}.{key} holds text the gateway does not read")
+            # The key is the upstream's: named only when it is a plain identifier, never echoed
+            # as text of its own.
+            field = f"{where}.{key}" if _NAME.fullmatch(key) else f"a field of {where}"
+            raise _bad_answer(f"{field} holds text the gateway does not read")
     for f in _MESSAGE_FIELDS:
         if part.get(f) is not None and not isinstance(part[f], str):
             raise _bad_answer(f"{where}.{f} is not a string")

@@ -229,6 +229,13 @@ def test_answer_fields_holding_text_the_gateway_does_not_read_are_refused(extra:
         assert e.value.status == 502 and f"{key}.{next(iter(extra))} holds text" in e.value.message
 
 
+def test_an_answer_field_is_named_only_when_its_name_is_an_identifier() -> None:
+    doc = {"choices": [{"index": 0, "message": {"content": "ok", "card 4111 1111 1111 1111": "x"}}]}
+    with pytest.raises(ProtocolError) as e:
+        _openai.take_document(_openai.CHAT, doc, "message", Answer())
+    assert "4111" not in e.value.message and "a field of choices[0].message" in e.value.message
+
+
 def test_answer_fields_without_text_pass() -> None:
     # What vLLM and the openai SDK put beside a message's text when there is none of it.
     message: dict[str, object] = {
